@@ -1,0 +1,62 @@
+"""kv-offload: KV-cache block offloading from GPU to CPU and slower tiers, with pluggable
+eviction policies, storage tiers and lifecycle hooks."""
+
+from __future__ import annotations
+
+from .block_status import BlockStatus
+from .errors import (
+    ConfigError,
+    DuplicateRegistrationError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    KeyStateError,
+    KVOffloadError,
+    ManagerError,
+    PluginConflictError,
+    PluginError,
+    PluginImportError,
+    PluginNotFoundError,
+    PluginTypeError,
+)
+from .events import OffloadingEvent
+from .keys import OffloadKey, get_offload_block_hash, get_offload_group_idx, make_offload_key
+from .lookup import LookupResult
+from .manager import CPUOffloadingManager
+from .plugins import ExperimentalPluginWarning, PluginInfo
+from .policy import CachePolicy
+from .policy_factory import CachePolicyFactory
+from .request import ReqContext
+from .spec import CPULoadStoreSpec, LoadStoreSpec, PrepareStoreOutput
+from .stats import OffloadingStats
+
+__all__ = [
+    "BlockStatus",
+    "CachePolicy",
+    "CachePolicyFactory",
+    "ConfigError",
+    "CPULoadStoreSpec",
+    "CPUOffloadingManager",
+    "DuplicateRegistrationError",
+    "ExperimentalPluginWarning",
+    "get_offload_block_hash",
+    "get_offload_group_idx",
+    "InvalidArgumentError",
+    "InvalidKeyError",
+    "KeyStateError",
+    "KVOffloadError",
+    "LoadStoreSpec",
+    "LookupResult",
+    "make_offload_key",
+    "ManagerError",
+    "OffloadingEvent",
+    "OffloadingStats",
+    "OffloadKey",
+    "PluginConflictError",
+    "PluginError",
+    "PluginImportError",
+    "PluginInfo",
+    "PluginNotFoundError",
+    "PluginTypeError",
+    "PrepareStoreOutput",
+    "ReqContext",
+]

@@ -1,0 +1,81 @@
+"""The exception hierarchy of kv-offload.
+
+Every error a user can cause derives from :class:`KVOffloadError`, so an engine can catch one
+type at its boundary. Messages name the offending thing (key, plugin, distribution, config key)
+and say how to fix it; plugin errors also carry structured attributes for programmatic use.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "KVOffloadError",
+    "ConfigError",
+    "ManagerError",
+    "InvalidArgumentError",
+    "InvalidKeyError",
+    "KeyStateError",
+    "PluginError",
+    "PluginNotFoundError",
+    "PluginImportError",
+    "PluginConflictError",
+    "PluginTypeError",
+    "DuplicateRegistrationError",
+]
+
+
+class KVOffloadError(Exception):
+    """Base class of every error raised by kv-offload on purpose."""
+
+
+class ConfigError(KVOffloadError, ValueError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+class ManagerError(KVOffloadError):
+    """The manager API was misused; the manager's state is unchanged."""
+
+
+class InvalidArgumentError(ManagerError, ValueError):
+    """An argument is malformed (duplicate keys, a context without ``req_id``, ...)."""
+
+
+class InvalidKeyError(InvalidArgumentError, TypeError):
+    """A key cannot be used as an offload key (for example, it is unhashable)."""
+
+
+class KeyStateError(ManagerError):
+    """An operation does not fit the current state of a block (missing, pending, unpinned)."""
+
+    def __init__(self, message: str, *, key: object = None, operation: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        self.operation = operation
+
+
+class PluginError(KVOffloadError):
+    """A policy, tier or hook plugin could not be resolved or loaded."""
+
+    def __init__(self, message: str, *, kind: str = "", name: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.name = name
+
+
+class PluginNotFoundError(PluginError, LookupError):
+    """No plugin of that name is registered, installed or importable via ``module_path``."""
+
+
+class PluginImportError(PluginError, ImportError):
+    """A plugin was found but importing it failed; the cause is chained."""
+
+
+class PluginConflictError(PluginError):
+    """Two installed distributions advertise the same plugin name."""
+
+
+class PluginTypeError(PluginError, TypeError):
+    """A plugin resolved to an object that is not a subclass of the expected base class."""
+
+
+class DuplicateRegistrationError(PluginError):
+    """A plugin name was registered twice at runtime."""

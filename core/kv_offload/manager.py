@@ -1,0 +1,457 @@
+"""The CPU block manager: slots, reference counts, events and the request flow.
+
+It runs in the scheduler and never touches KV bytes: it decides which CPU slot holds which
+block, and when a slot may be read, written or reused. The eviction policy is a plugin
+resolved by name (:class:`~kv_offload.policy_factory.CachePolicyFactory`).
+
+Every public method validates its whole input before changing anything, so a call that raises
+leaves the manager exactly as it was: no lost blocks, no leaked pins or slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from operator import itemgetter
+from typing import Any
+
+from .block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
+from .errors import (
+    ConfigError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    KeyStateError,
+    KVOffloadError,
+    ManagerError,
+    PluginError,
+)
+from .events import OffloadingEvent
+from .keys import OffloadKey
+from .lookup import LookupResult
+from .policy import CachePolicy
+from .policy_factory import CachePolicyFactory
+from .request import ReqContext
+from .spec import CPULoadStoreSpec, PrepareStoreOutput
+from .stats import OffloadingStats
+
+__all__ = ["CPUOffloadingManager"]
+
+MEDIUM_CPU = "CPU"
+
+_HIT = LookupResult.HIT
+_MISS = LookupResult.MISS
+_PENDING = LookupResult.PENDING
+
+
+def _short(key: object) -> str:
+    text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_ctx(req_context: Any, operation: str) -> None:
+    if getattr(req_context, "req_id", None) is None:
+        raise InvalidArgumentError(
+            f"{operation}: req_context must be a ReqContext with a req_id, got "
+            f"{_short(req_context)}; pass ReqContext(req_id=...)"
+        )
+
+
+def _unique(keys: Iterable[OffloadKey], operation: str) -> tuple[list[OffloadKey], set[Any]]:
+    """The keys as a list plus their set; rejects unhashable and repeated keys."""
+    key_list = keys if type(keys) is list else list(keys)
+    try:
+        key_set = set(key_list)
+    except TypeError:
+        bad = next(k for k in key_list if not _hashable(k))
+        raise InvalidKeyError(
+            f"{operation}: key {_short(bad)} of type {type(bad).__name__} is unhashable; "
+            f"offload keys must be bytes (see kv_offload.make_offload_key)"
+        ) from None
+    if len(key_set) != len(key_list):
+        seen: set[Any] = set()
+        dup = next(k for k in key_list if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise InvalidArgumentError(
+            f"{operation}: key {_short(dup)} appears more than once in one call; "
+            f"pass each key once"
+        )
+    return key_list, key_set
+
+
+_int_new = int.__new__
+_key_of = itemgetter(0)
+_block_of = itemgetter(1)
+
+
+def _overridden(policy: CachePolicy, name: str) -> Any:
+    """The policy's bound method ``name``, or ``None`` if it is the base class's no-op."""
+    if getattr(type(policy), name) is getattr(CachePolicy, name):
+        return None
+    return getattr(policy, name)
+
+
+def _hashable(key: object) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+class CPUOffloadingManager:
+    """Tracks which block lives in which CPU slot, with a pluggable eviction policy.
+
+    ``cache_policy`` names an installed policy plugin (``"lru"`` by default, ``"arc"``, or any
+    third-party name); ``cache_policy_module_path`` is the out-of-tree fallback. With
+    ``enable_events`` the manager records :class:`OffloadingEvent` batches for
+    :meth:`take_events`.
+    """
+
+    medium = MEDIUM_CPU
+
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str = "lru",
+        cache_policy_module_path: str | None = None,
+        enable_events: bool = False,
+    ) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
+            raise ConfigError(
+                f"num_blocks must be an int, got {type(num_blocks).__name__} {num_blocks!r}"
+            )
+        if num_blocks <= 0:
+            raise ConfigError(f"num_blocks must be > 0 (CPU tier size in blocks), got {num_blocks}")
+        policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
+        try:
+            policy = policy_cls(cache_capacity=num_blocks)  # type: ignore[call-arg]
+        except KVOffloadError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"policy {cache_policy!r} ({policy_cls.__module__}.{policy_cls.__qualname__}) "
+                f"failed to initialise: {type(exc).__name__}: {exc}",
+                kind="policy",
+                name=cache_policy,
+            ) from exc
+        self.num_blocks = num_blocks
+        self.cache_policy_name = cache_policy
+        self._policy: CachePolicy = policy
+        # Looked up once: the hottest call of the manager, often a bound C method.
+        self._get = policy.get
+        self._refs: list[int] = [PENDING_REF_CNT] * num_blocks
+        self._status_cls: type[BlockStatus] = bind_block_status(self._refs)
+        # Policies that keep the base class's no-op mark_* hooks are not called per key.
+        self._mark_evictable = _overridden(policy, "mark_evictable")
+        self._mark_non_evictable = _overridden(policy, "mark_non_evictable")
+        self._num_allocated = 0
+        self._free: list[BlockStatus] = []
+        self._num_evictable = 0
+        self._num_pending = 0
+        self._num_pinned = 0
+        self._events: list[OffloadingEvent] | None = [] if enable_events else None
+        self._closed = False
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self._lookups = 0
+        self._hits = 0
+        self._misses = 0
+        self._pending_lookups = 0
+        self._stored = 0
+        self._loaded = 0
+        self._failed_stores = 0
+        self._rejected_stores = 0
+        self._evictions = 0
+
+    # -- introspection --------------------------------------------------------------------
+
+    @property
+    def policy(self) -> CachePolicy:
+        return self._policy
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - self._num_allocated + len(self._free)
+
+    @property
+    def num_resident_blocks(self) -> int:
+        return self._num_allocated - len(self._free)
+
+    def ref_count(self, key: OffloadKey) -> int | None:
+        """``ref_cnt`` of a resident block (-1 pending, 0 idle, n pinned), else ``None``."""
+        block = self._get(key)
+        return None if block is None else self._refs[block]
+
+    def block_id(self, key: OffloadKey) -> int | None:
+        """The CPU slot of a resident block, else ``None``."""
+        block = self._get(key)
+        return None if block is None else int(block)
+
+    # -- request lifecycle ----------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> None:
+        _check_ctx(req_context, "on_new_request")
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        _check_ctx(req_context, "on_request_finished")
+        self._policy.on_request_finished(req_context)
+
+    def on_schedule_end(self) -> None:
+        """End of a scheduler step; nothing is deferred in the CPU-only manager."""
+
+    # -- lookups and loads ----------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """``HIT`` if ``key`` is loadable now, ``PENDING`` if its store is in flight."""
+        if getattr(req_context, "req_id", None) is None:
+            _check_ctx(req_context, "lookup")
+        try:
+            block = self._get(key)
+        except TypeError:
+            _unique((key,), "lookup")
+            raise
+        self._lookups += 1
+        if block is None:
+            self._misses += 1
+            return _MISS
+        if self._refs[block] < 0:
+            self._pending_lookups += 1
+            return _PENDING
+        self._hits += 1
+        return _HIT
+
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> CPULoadStoreSpec:
+        """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
+        _check_ctx(req_context, "prepare_load")
+        key_list, _ = _unique(keys, "prepare_load")
+        get = self._get
+        refs = self._refs
+        blocks = [get(k) for k in key_list]
+        for key, block in zip(key_list, blocks):
+            if block is None:
+                raise KeyStateError(
+                    f"prepare_load: key {_short(key)} is not in the CPU tier; load only keys "
+                    f"that lookup() answered HIT",
+                    key=key,
+                    operation="prepare_load",
+                )
+            if refs[block] < 0:
+                raise KeyStateError(
+                    f"prepare_load: key {_short(key)} is still being stored (PENDING); wait "
+                    f"until lookup() answers HIT",
+                    key=key,
+                    operation="prepare_load",
+                )
+        mark_non_evictable = self._mark_non_evictable
+        newly_pinned = 0
+        for key, block in zip(key_list, blocks):
+            if refs[block] == 0:  # type: ignore[index]
+                if mark_non_evictable is not None:
+                    mark_non_evictable(key)
+                newly_pinned += 1
+            refs[block] += 1  # type: ignore[index]
+        self._num_evictable -= newly_pinned
+        self._num_pinned += newly_pinned
+        return CPULoadStoreSpec(blocks)  # type: ignore[arg-type]
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Unpin blocks pinned by :meth:`prepare_load`."""
+        _check_ctx(req_context, "complete_load")
+        key_list, _ = _unique(keys, "complete_load")
+        get = self._get
+        refs = self._refs
+        blocks = [get(k) for k in key_list]
+        for key, block in zip(key_list, blocks):
+            if block is None or refs[block] <= 0:
+                state = "not in the CPU tier" if block is None else "not pinned by a load"
+                raise KeyStateError(
+                    f"complete_load: key {_short(key)} is {state}; call complete_load only "
+                    f"for keys passed to prepare_load",
+                    key=key,
+                    operation="complete_load",
+                )
+        mark_evictable = self._mark_evictable
+        released = 0
+        for key, block in zip(key_list, blocks):
+            refs[block] -= 1  # type: ignore[index]
+            if refs[block] == 0:  # type: ignore[index]
+                if mark_evictable is not None:
+                    mark_evictable(key)
+                released += 1
+        self._num_evictable += released
+        self._num_pinned -= released
+        self._loaded += len(key_list)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Mark blocks as recently used; keys not in the CPU tier are ignored."""
+        _check_ctx(req_context, "touch")
+        key_list, _ = _unique(keys, "touch")
+        self._policy.touch(key_list, req_context)
+
+    # -- stores ---------------------------------------------------------------------------
+
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> PrepareStoreOutput | None:
+        """Allocate slots for the keys not yet stored, evicting if needed.
+
+        Eviction is all or nothing and never takes a pending or pinned block, nor any of
+        ``keys``. Returns ``None``, with no state change, when not enough blocks can be evicted.
+        """
+        self._check_open("prepare_store")
+        _check_ctx(req_context, "prepare_store")
+        key_list, key_set = _unique(keys, "prepare_store")
+        get = self._get
+        to_store = [k for k in key_list if get(k) is None]
+        if not to_store:
+            return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
+        count = len(to_store)
+        shortfall = count - self.num_free_blocks
+        evicted: list[OffloadKey] = []
+        if shortfall > 0:
+            if shortfall > self._num_evictable:
+                self._rejected_stores += 1
+                return None
+            victims = self._policy.evict(shortfall, key_set)
+            if victims is None:
+                self._rejected_stores += 1
+                return None
+            evicted = self._take_victims(victims, shortfall, key_set)
+            if self._events is not None:
+                self._events.append(OffloadingEvent(evicted, MEDIUM_CPU, removed=True))
+        blocks = self._allocate(count)
+        self._policy.insert_many(to_store, blocks)
+        self._num_pending += count
+        return PrepareStoreOutput(to_store, CPULoadStoreSpec(blocks), evicted)
+
+    def _take_victims(
+        self, victims: list[tuple[OffloadKey, BlockStatus]], expected: int, protected: set[Any]
+    ) -> list[OffloadKey]:
+        """Check a policy's victims against the evict() contract, then free their slots."""
+        refs = self._refs
+        keys = list(map(_key_of, victims))
+        blocks = list(map(_block_of, victims))
+        if len(victims) != expected or any(map(refs.__getitem__, blocks)) or not (
+            protected.isdisjoint(keys)
+        ):
+            raise PluginError(
+                f"policy {self.cache_policy_name!r} broke the evict() contract: asked for "
+                f"{expected} idle, unprotected blocks, got "
+                f"{[(k, refs[b]) for k, b in victims][:5]} ({len(victims)} in all); "
+                f"fix the policy's evict()",
+                kind="policy",
+                name=self.cache_policy_name,
+            )
+        self._free.extend(blocks)
+        self._num_evictable -= expected
+        self._evictions += expected
+        return keys
+
+    def _allocate(self, count: int) -> list[BlockStatus]:
+        fresh = min(count, self.num_blocks - self._num_allocated)
+        start = self._num_allocated
+        status_cls = self._status_cls
+        # int.__new__ skips BlockStatus.__new__'s per-object table write; done as a slice.
+        blocks = [_int_new(status_cls, i) for i in range(start, start + fresh)]
+        self._refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
+        self._num_allocated += fresh
+        reused = count - fresh
+        if reused:
+            free = self._free
+            recycled = free[len(free) - reused :]
+            del free[len(free) - reused :]
+            refs = self._refs
+            for block in recycled:
+                refs[block] = PENDING_REF_CNT
+            blocks.extend(recycled)
+        return blocks
+
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
+        """Make stored blocks loadable, or free their slots when ``success`` is false."""
+        _check_ctx(req_context, "complete_store")
+        key_list, _ = _unique(keys, "complete_store")
+        get = self._get
+        refs = self._refs
+        blocks = [get(k) for k in key_list]
+        for key, block in zip(key_list, blocks):
+            if block is None or refs[block] != PENDING_REF_CNT:
+                state = "not in the CPU tier" if block is None else "already stored"
+                raise KeyStateError(
+                    f"complete_store: key {_short(key)} was never prepared for storing "
+                    f"({state}); pass the keys_to_store returned by prepare_store",
+                    key=key,
+                    operation="complete_store",
+                )
+        count = len(key_list)
+        self._num_pending -= count
+        if success:
+            for block in blocks:
+                refs[block] = 0  # type: ignore[index]
+            if self._mark_evictable is not None:
+                for key in key_list:
+                    self._mark_evictable(key)
+            self._num_evictable += count
+            self._stored += count
+            if self._events is not None and key_list:
+                self._events.append(OffloadingEvent(list(key_list), MEDIUM_CPU, removed=False))
+        else:
+            remove = self._policy.remove
+            for key in key_list:
+                remove(key)
+            self._free.extend(blocks)  # type: ignore[arg-type]
+            self._failed_stores += count
+
+    # -- whole-cache operations -----------------------------------------------------------
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """The events recorded since the last call (empty unless ``enable_events``)."""
+        if not self._events:
+            return []
+        events, self._events = self._events, []
+        return events
+
+    def reset_cache(self) -> None:
+        """Drop every block, pinned and pending ones included; counters restart at zero.
+
+        In-flight transfers are forgotten: completing them afterwards raises
+        :class:`KeyStateError`, as for keys that were never prepared.
+        """
+        self._policy.clear()
+        self._num_allocated = 0
+        self._free.clear()
+        self._num_evictable = 0
+        self._num_pending = 0
+        self._num_pinned = 0
+        self._reset_counters()
+
+    def get_stats(self) -> OffloadingStats:
+        return OffloadingStats(
+            capacity=self.num_blocks,
+            lookups=self._lookups,
+            hits=self._hits,
+            misses=self._misses,
+            pending=self._pending_lookups,
+            stored_blocks=self._stored,
+            loaded_blocks=self._loaded,
+            failed_stores=self._failed_stores,
+            rejected_stores=self._rejected_stores,
+            evictions=self._evictions,
+            resident_blocks=self.num_resident_blocks,
+            free_blocks=self.num_free_blocks,
+            pending_blocks=self._num_pending,
+            pinned_blocks=self._num_pinned,
+            evictable_blocks=self._num_evictable,
+        )
+
+    def shutdown(self) -> None:
+        """Release everything; later stores raise :class:`ManagerError`."""
+        if not self._closed:
+            self.reset_cache()
+            self._closed = True
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            raise ManagerError(f"{operation}: the manager was shut down; create a new one")

@@ -1,0 +1,88 @@
+"""The eviction-policy plugin interface.
+
+A policy owns the organisation of resident blocks (which structure holds them) and the choice
+of victims; the manager owns slots, reference counts and events. The interface is vLLM's
+``CachePolicy`` so a vLLM policy ports by renaming its imports.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+from .block_status import BlockStatus
+from .errors import ConfigError
+from .keys import OffloadKey
+from .request import ReqContext
+
+__all__ = ["CachePolicy"]
+
+
+class CachePolicy(ABC):
+    """Organises resident blocks and picks eviction victims.
+
+    Contract the manager relies on:
+
+    * ``get`` answers for resident blocks only (ghost entries are the policy's business);
+    * ``evict(n, protected)`` is atomic: exactly ``n`` victims, none in ``protected`` and none
+      with ``ref_cnt != 0``, or ``None`` and no state change at all;
+    * ``mark_evictable``/``mark_non_evictable`` are called when a block's ``ref_cnt`` moves to
+      or away from 0, so a policy may keep evictable blocks apart instead of reading counts.
+
+    A subclass may replace ``get`` with a bound C method (``self.get = self._blocks.get``):
+    the manager looks ``get`` up once and calls it for every key, so this removes a Python
+    frame from the hottest path.
+    """
+
+    def __init__(self, cache_capacity: int) -> None:
+        if isinstance(cache_capacity, bool) or not isinstance(cache_capacity, int):
+            raise ConfigError(
+                f"{type(self).__name__}: cache_capacity must be an int, "
+                f"got {type(cache_capacity).__name__}"
+            )
+        if cache_capacity <= 0:
+            raise ConfigError(
+                f"{type(self).__name__}: cache_capacity must be > 0, got {cache_capacity}"
+            )
+        self.cache_capacity = cache_capacity
+
+    @abstractmethod
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        """The status of a resident block, or ``None``."""
+
+    @abstractmethod
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        """Add a newly allocated (pending) block."""
+
+    def insert_many(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
+        """Insert a batch in order; override when the structure can take a batch at C speed."""
+        for key, block in zip(keys, blocks):
+            self.insert(key, block)
+
+    @abstractmethod
+    def remove(self, key: OffloadKey) -> None:
+        """Forget a resident block (a failed store); a no-op for absent keys."""
+
+    @abstractmethod
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        """Mark resident blocks as recently used; absent keys are ignored."""
+
+    @abstractmethod
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        """Remove exactly ``n`` evictable blocks not in ``protected`` and return them, or
+        return ``None`` without changing anything when that many cannot be found."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget every block, ghost entries and adaptive state included."""
+
+    def mark_evictable(self, key: OffloadKey) -> None:  # noqa: B027 - optional hook
+        """The block's ``ref_cnt`` became 0."""
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:  # noqa: B027 - optional hook
+        """The block's ``ref_cnt`` left 0."""
+
+    def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
+        """A request ended; drop any per-request state."""

@@ -1,0 +1,61 @@
+"""Reading Mooncake-format request traces (one JSON object per line with ``hash_ids``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError
+from .keys import OffloadKey, make_offload_key
+
+__all__ = ["TraceRequest", "TraceError", "read_trace"]
+
+
+class TraceError(ConfigError):
+    """A trace file is missing or a line is malformed; the message names file and line."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """One request of a trace: its prefix block keys in order, and when it arrived (ms)."""
+
+    req_id: str
+    keys: list[OffloadKey]
+    timestamp: float | None = None
+
+
+def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequest]:
+    """Yield the requests of a Mooncake JSONL trace, keys built with ``make_offload_key``.
+
+    Equal ``hash_ids`` become equal keys, so prefix sharing in the trace is preserved.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"trace file {str(path)!r} does not exist")
+    key_cache: dict[int, OffloadKey] = {}
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if limit is not None and lineno > limit:
+                return
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                hash_ids = record["hash_ids"]
+                if not isinstance(hash_ids, list) or not all(
+                    isinstance(h, int) and not isinstance(h, bool) for h in hash_ids
+                ):
+                    raise ValueError("'hash_ids' must be a list of integers")
+                timestamp = record.get("timestamp")
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise TraceError(f"{path}:{lineno}: malformed trace line: {what}") from None
+            keys = []
+            for h in hash_ids:
+                key = key_cache.get(h)
+                if key is None:
+                    key = key_cache[h] = make_offload_key(h)
+                keys.append(key)
+            yield TraceRequest(f"req-{lineno}", keys, timestamp)
