@@ -20,7 +20,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.replay import replay
 from kv_offload.trace import read_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
@@ -33,31 +34,8 @@ def load(path: Path) -> Requests:
 
 
 def replay_manager(manager: CPUOffloadingManager, requests: Requests) -> tuple[int, int]:
-    """The request flow of ARCHITECTURE.md; returns (hit blocks, total blocks)."""
-    hit_total = 0
-    total = 0
-    HIT = LookupResult.HIT
-    lookup = manager.lookup
-    for ctx, keys in requests:
-        manager.on_new_request(ctx)
-        hits = 0
-        for key in keys:
-            if lookup(key, ctx) is not HIT:
-                break
-            hits += 1
-        if hits:
-            hit_keys = keys[:hits]
-            manager.prepare_load(hit_keys, ctx)
-            manager.complete_load(hit_keys, ctx)
-            manager.touch(hit_keys, ctx)
-        if hits < len(keys):
-            out = manager.prepare_store(keys[hits:], ctx)
-            if out is not None and out.keys_to_store:
-                manager.complete_store(out.keys_to_store, ctx)
-        manager.on_request_finished(ctx)
-        hit_total += hits
-        total += len(keys)
-    return hit_total, total
+    result = replay(manager, requests)
+    return result.hit_blocks, result.blocks
 
 
 def replay_bare_lru(capacity: int, requests: Requests) -> tuple[int, int]:
@@ -121,34 +99,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for capacity in capacities:
         floor_t, (floor_hits, total) = best_time(
-            lambda: replay_bare_lru(capacity, requests), args.repeat
+            lambda: replay_bare_lru(capacity, requests),  # noqa: B023 - called at once
+            args.repeat,
         )
         rows.append(
-            dict(capacity=capacity, stack="bare OrderedDict LRU", hit_ratio=floor_hits / total,
-                 blocks_per_s=total / floor_t, ratio_vs_floor=1.0, bytes_per_block=None)
+            dict(
+                capacity=capacity,
+                stack="bare OrderedDict LRU",
+                hit_ratio=floor_hits / total,
+                blocks_per_s=total / floor_t,
+                ratio_vs_floor=1.0,
+                bytes_per_block=None,
+            )
         )
         for policy in policies:
             t, (hits, total) = best_time(
-                lambda: replay_manager(CPUOffloadingManager(capacity, policy), requests),
+                lambda: replay_manager(CPUOffloadingManager(capacity, policy), requests),  # noqa: B023
                 args.repeat,
             )
             rows.append(
-                dict(capacity=capacity, stack=f"CPUOffloadingManager[{policy}]",
-                     hit_ratio=hits / total, blocks_per_s=total / t,
-                     ratio_vs_floor=floor_t / t,
-                     bytes_per_block=bookkeeping_bytes(policy, capacity, requests))
+                dict(
+                    capacity=capacity,
+                    stack=f"CPUOffloadingManager[{policy}]",
+                    hit_ratio=hits / total,
+                    blocks_per_s=total / t,
+                    ratio_vs_floor=floor_t / t,
+                    bytes_per_block=bookkeeping_bytes(policy, capacity, requests),
+                )
             )
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         print()
         return 0
     print(f"trace: {args.trace.name}, {len(requests)} requests, {total} blocks")
-    print(f"{'capacity':>8}  {'stack':<32} {'hit ratio':>9} {'blocks/s':>12} "
-          f"{'x floor':>8} {'B/block':>8}")
+    print(
+        f"{'capacity':>8}  {'stack':<32} {'hit ratio':>9} {'blocks/s':>12} "
+        f"{'x floor':>8} {'B/block':>8}"
+    )
     for r in rows:
         mem = "" if r["bytes_per_block"] is None else f"{r['bytes_per_block']:.0f}"
-        print(f"{r['capacity']:>8}  {r['stack']:<32} {r['hit_ratio']:>9.4f} "
-              f"{r['blocks_per_s']:>12,.0f} {r['ratio_vs_floor']:>8.2f} {mem:>8}")
+        print(
+            f"{r['capacity']:>8}  {r['stack']:<32} {r['hit_ratio']:>9.4f} "
+            f"{r['blocks_per_s']:>12,.0f} {r['ratio_vs_floor']:>8.2f} {mem:>8}"
+        )
     return 0
 
 

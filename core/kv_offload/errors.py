@@ -55,10 +55,12 @@ class KeyStateError(ManagerError):
 class PluginError(KVOffloadError):
     """A policy, tier or hook plugin could not be resolved or loaded."""
 
-    def __init__(self, message: str, *, kind: str = "", name: str = "") -> None:
+    def __init__(self, message: str, *, kind: str = "", plugin: str = "") -> None:
         super().__init__(message)
+        #: ``"policy"``, ``"tier"`` or ``"hook"``.
         self.kind = kind
-        self.name = name
+        #: The plugin name as the user wrote it in config.
+        self.plugin = plugin
 
 
 class PluginNotFoundError(PluginError, LookupError):

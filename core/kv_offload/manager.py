@@ -10,8 +10,9 @@ leaves the manager exactly as it was: no lost blocks, no leaked pins or slots.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from operator import itemgetter
+from collections.abc import Collection
+from itertools import compress, repeat
+from operator import is_, itemgetter
 from typing import Any
 
 from .block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
@@ -55,25 +56,30 @@ def _check_ctx(req_context: Any, operation: str) -> None:
         )
 
 
-def _unique(keys: Iterable[OffloadKey], operation: str) -> tuple[list[OffloadKey], set[Any]]:
-    """The keys as a list plus their set; rejects unhashable and repeated keys."""
-    key_list = keys if type(keys) is list else list(keys)
+def _hashable(key: object) -> bool:
     try:
-        key_set = set(key_list)
+        hash(key)
     except TypeError:
-        bad = next(k for k in key_list if not _hashable(k))
-        raise InvalidKeyError(
-            f"{operation}: key {_short(bad)} of type {type(bad).__name__} is unhashable; "
-            f"offload keys must be bytes (see kv_offload.make_offload_key)"
-        ) from None
-    if len(key_set) != len(key_list):
-        seen: set[Any] = set()
-        dup = next(k for k in key_list if k in seen or seen.add(k))  # type: ignore[func-returns-value]
-        raise InvalidArgumentError(
-            f"{operation}: key {_short(dup)} appears more than once in one call; "
-            f"pass each key once"
-        )
-    return key_list, key_set
+        return False
+    return True
+
+
+def _malformed_keys(key_list: list[Any], operation: str) -> InvalidArgumentError:
+    """The precise error for a batch that is unhashable or repeats a key (slow path)."""
+    seen: set[Any] = set()
+    for key in key_list:
+        if not _hashable(key):
+            return InvalidKeyError(
+                f"{operation}: key {_short(key)} of type {type(key).__name__} is unhashable; "
+                f"offload keys must be bytes (see kv_offload.make_offload_key)"
+            )
+        if key in seen:
+            return InvalidArgumentError(
+                f"{operation}: key {_short(key)} appears more than once in one call; "
+                f"pass each key once"
+            )
+        seen.add(key)
+    raise AssertionError("unreachable: the batch is well formed")  # pragma: no cover
 
 
 _int_new = int.__new__
@@ -86,14 +92,6 @@ def _overridden(policy: CachePolicy, name: str) -> Any:
     if getattr(type(policy), name) is getattr(CachePolicy, name):
         return None
     return getattr(policy, name)
-
-
-def _hashable(key: object) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
 
 
 class CPUOffloadingManager:
@@ -122,7 +120,7 @@ class CPUOffloadingManager:
             raise ConfigError(f"num_blocks must be > 0 (CPU tier size in blocks), got {num_blocks}")
         policy_cls = CachePolicyFactory.get_cache_policy_cls(cache_policy, cache_policy_module_path)
         try:
-            policy = policy_cls(cache_capacity=num_blocks)  # type: ignore[call-arg]
+            policy = policy_cls(cache_capacity=num_blocks)
         except KVOffloadError:
             raise
         except Exception as exc:
@@ -130,7 +128,7 @@ class CPUOffloadingManager:
                 f"policy {cache_policy!r} ({policy_cls.__module__}.{policy_cls.__qualname__}) "
                 f"failed to initialise: {type(exc).__name__}: {exc}",
                 kind="policy",
-                name=cache_policy,
+                plugin=cache_policy,
             ) from exc
         self.num_blocks = num_blocks
         self.cache_policy_name = cache_policy
@@ -152,7 +150,6 @@ class CPUOffloadingManager:
         self._reset_counters()
 
     def _reset_counters(self) -> None:
-        self._lookups = 0
         self._hits = 0
         self._misses = 0
         self._pending_lookups = 0
@@ -200,16 +197,60 @@ class CPUOffloadingManager:
 
     # -- lookups and loads ----------------------------------------------------------------
 
+    def _batch(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str
+    ) -> tuple[list[OffloadKey], set[OffloadKey], list[BlockStatus | None]]:
+        """The keys as a list and a set, with each key's block (``None`` if absent).
+
+        Raises, before anything changes, for a bad context, unhashable or repeated keys.
+        The checks are whole-batch C calls; the per-key diagnosis runs only on failure.
+        """
+        if getattr(req_context, "req_id", None) is None:
+            _check_ctx(req_context, operation)
+        key_list = keys if type(keys) is list else list(keys)
+        try:
+            key_set = set(key_list)
+            blocks = list(map(self._get, key_list))
+        except TypeError:
+            raise _malformed_keys(key_list, operation) from None
+        if len(key_set) != len(key_list):
+            raise _malformed_keys(key_list, operation)
+        return key_list, key_set, blocks
+
+    def _key_state_error(
+        self,
+        operation: str,
+        key_list: list[OffloadKey],
+        blocks: list[BlockStatus | None],
+        wrong: Any,
+        advice: str,
+    ) -> KeyStateError:
+        """Name the first key whose ref count ``wrong`` rejects (``None``: not resident)."""
+        refs = self._refs
+        for key, block in zip(key_list, blocks):
+            count = None if block is None else refs[block]
+            if wrong(count):
+                state = {
+                    None: "not in the CPU tier",
+                    -1: "pending (its store is in flight)",
+                    0: "idle (not pinned)",
+                }.get(count, f"pinned {count} time(s)")
+                return KeyStateError(
+                    f"{operation}: key {_short(key)} is {state}; {advice}",
+                    key=key,
+                    operation=operation,
+                )
+        raise AssertionError("unreachable: no key is in a wrong state")  # pragma: no cover
+
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is loadable now, ``PENDING`` if its store is in flight."""
-        if getattr(req_context, "req_id", None) is None:
-            _check_ctx(req_context, "lookup")
         try:
+            if req_context.req_id is None:
+                raise AttributeError("req_id")
             block = self._get(key)
-        except TypeError:
-            _unique((key,), "lookup")
-            raise
-        self._lookups += 1
+        except (AttributeError, TypeError):
+            _check_ctx(req_context, "lookup")
+            raise _malformed_keys([key], "lookup") from None
         if block is None:
             self._misses += 1
             return _MISS
@@ -223,70 +264,71 @@ class CPUOffloadingManager:
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
-        _check_ctx(req_context, "prepare_load")
-        key_list, _ = _unique(keys, "prepare_load")
-        get = self._get
+        key_list, _, blocks = self._batch(keys, req_context, "prepare_load")
         refs = self._refs
-        blocks = [get(k) for k in key_list]
-        for key, block in zip(key_list, blocks):
-            if block is None:
-                raise KeyStateError(
-                    f"prepare_load: key {_short(key)} is not in the CPU tier; load only keys "
-                    f"that lookup() answered HIT",
-                    key=key,
-                    operation="prepare_load",
-                )
-            if refs[block] < 0:
-                raise KeyStateError(
-                    f"prepare_load: key {_short(key)} is still being stored (PENDING); wait "
-                    f"until lookup() answers HIT",
-                    key=key,
-                    operation="prepare_load",
-                )
-        mark_non_evictable = self._mark_non_evictable
-        newly_pinned = 0
-        for key, block in zip(key_list, blocks):
-            if refs[block] == 0:  # type: ignore[index]
-                if mark_non_evictable is not None:
-                    mark_non_evictable(key)
-                newly_pinned += 1
+        try:
+            counts = list(map(refs.__getitem__, blocks))  # type: ignore[arg-type]
+        except TypeError:  # a None: some key is absent
+            counts = [-1]
+        if counts and min(counts) < 0:
+            raise self._key_state_error(
+                "prepare_load",
+                key_list,
+                blocks,
+                lambda c: c is None or c < 0,
+                "load only keys that lookup() answered HIT",
+            )
+        for block in blocks:
             refs[block] += 1  # type: ignore[index]
-        self._num_evictable -= newly_pinned
-        self._num_pinned += newly_pinned
+        newly_pinned = counts.count(0)
+        if newly_pinned:
+            self._num_evictable -= newly_pinned
+            self._num_pinned += newly_pinned
+            if self._mark_non_evictable is not None:
+                for key, count in zip(key_list, counts):
+                    if count == 0:
+                        self._mark_non_evictable(key)
         return CPULoadStoreSpec(blocks)  # type: ignore[arg-type]
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
-        _check_ctx(req_context, "complete_load")
-        key_list, _ = _unique(keys, "complete_load")
-        get = self._get
+        key_list, _, blocks = self._batch(keys, req_context, "complete_load")
         refs = self._refs
-        blocks = [get(k) for k in key_list]
-        for key, block in zip(key_list, blocks):
-            if block is None or refs[block] <= 0:
-                state = "not in the CPU tier" if block is None else "not pinned by a load"
-                raise KeyStateError(
-                    f"complete_load: key {_short(key)} is {state}; call complete_load only "
-                    f"for keys passed to prepare_load",
-                    key=key,
-                    operation="complete_load",
-                )
-        mark_evictable = self._mark_evictable
-        released = 0
-        for key, block in zip(key_list, blocks):
+        try:
+            counts = list(map(refs.__getitem__, blocks))  # type: ignore[arg-type]
+        except TypeError:
+            counts = [0]
+        if counts and min(counts) <= 0:
+            raise self._key_state_error(
+                "complete_load",
+                key_list,
+                blocks,
+                lambda c: c is None or c <= 0,
+                "call complete_load only for keys pinned by prepare_load",
+            )
+        for block in blocks:
             refs[block] -= 1  # type: ignore[index]
-            if refs[block] == 0:  # type: ignore[index]
-                if mark_evictable is not None:
-                    mark_evictable(key)
-                released += 1
-        self._num_evictable += released
-        self._num_pinned -= released
+        released = counts.count(1)
+        if released:
+            self._num_evictable += released
+            self._num_pinned -= released
+            if self._mark_evictable is not None:
+                for key, count in zip(key_list, counts):
+                    if count == 1:
+                        self._mark_evictable(key)
         self._loaded += len(key_list)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Mark blocks as recently used; keys not in the CPU tier are ignored."""
-        _check_ctx(req_context, "touch")
-        key_list, _ = _unique(keys, "touch")
+        if getattr(req_context, "req_id", None) is None:
+            _check_ctx(req_context, "touch")
+        key_list = keys if type(keys) is list else list(keys)
+        try:
+            unique = len(set(key_list)) == len(key_list)
+        except TypeError:
+            unique = False
+        if not unique:
+            raise _malformed_keys(key_list, "touch")
         self._policy.touch(key_list, req_context)
 
     # -- stores ---------------------------------------------------------------------------
@@ -300,13 +342,14 @@ class CPUOffloadingManager:
         ``keys``. Returns ``None``, with no state change, when not enough blocks can be evicted.
         """
         self._check_open("prepare_store")
-        _check_ctx(req_context, "prepare_store")
-        key_list, key_set = _unique(keys, "prepare_store")
-        get = self._get
-        to_store = [k for k in key_list if get(k) is None]
-        if not to_store:
+        key_list, key_set, blocks = self._batch(keys, req_context, "prepare_store")
+        count = blocks.count(None)
+        if count == len(key_list):
+            to_store = key_list[:]
+        elif count:
+            to_store = list(compress(key_list, map(is_, blocks, repeat(None))))
+        else:
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
-        count = len(to_store)
         shortfall = count - self.num_free_blocks
         evicted: list[OffloadKey] = []
         if shortfall > 0:
@@ -320,10 +363,10 @@ class CPUOffloadingManager:
             evicted = self._take_victims(victims, shortfall, key_set)
             if self._events is not None:
                 self._events.append(OffloadingEvent(evicted, MEDIUM_CPU, removed=True))
-        blocks = self._allocate(count)
-        self._policy.insert_many(to_store, blocks)
+        new_blocks = self._allocate(count)
+        self._policy.insert_many(to_store, new_blocks)
         self._num_pending += count
-        return PrepareStoreOutput(to_store, CPULoadStoreSpec(blocks), evicted)
+        return PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
 
     def _take_victims(
         self, victims: list[tuple[OffloadKey, BlockStatus]], expected: int, protected: set[Any]
@@ -332,8 +375,10 @@ class CPUOffloadingManager:
         refs = self._refs
         keys = list(map(_key_of, victims))
         blocks = list(map(_block_of, victims))
-        if len(victims) != expected or any(map(refs.__getitem__, blocks)) or not (
-            protected.isdisjoint(keys)
+        if (
+            len(victims) != expected
+            or any(map(refs.__getitem__, blocks))
+            or not (protected.isdisjoint(keys))
         ):
             raise PluginError(
                 f"policy {self.cache_policy_name!r} broke the evict() contract: asked for "
@@ -341,7 +386,7 @@ class CPUOffloadingManager:
                 f"{[(k, refs[b]) for k, b in victims][:5]} ({len(victims)} in all); "
                 f"fix the policy's evict()",
                 kind="policy",
-                name=self.cache_policy_name,
+                plugin=self.cache_policy_name,
             )
         self._free.extend(blocks)
         self._num_evictable -= expected
@@ -371,30 +416,30 @@ class CPUOffloadingManager:
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Make stored blocks loadable, or free their slots when ``success`` is false."""
-        _check_ctx(req_context, "complete_store")
-        key_list, _ = _unique(keys, "complete_store")
-        get = self._get
+        key_list, _, blocks = self._batch(keys, req_context, "complete_store")
         refs = self._refs
-        blocks = [get(k) for k in key_list]
-        for key, block in zip(key_list, blocks):
-            if block is None or refs[block] != PENDING_REF_CNT:
-                state = "not in the CPU tier" if block is None else "already stored"
-                raise KeyStateError(
-                    f"complete_store: key {_short(key)} was never prepared for storing "
-                    f"({state}); pass the keys_to_store returned by prepare_store",
-                    key=key,
-                    operation="complete_store",
-                )
         count = len(key_list)
+        try:
+            pending = list(map(refs.__getitem__, blocks)).count(PENDING_REF_CNT)  # type: ignore[arg-type]
+        except TypeError:
+            pending = -1
+        if pending != count:
+            raise self._key_state_error(
+                "complete_store",
+                key_list,
+                blocks,
+                lambda c: c != PENDING_REF_CNT,
+                "it was never prepared for storing: pass the keys_to_store of prepare_store",
+            )
         self._num_pending -= count
         if success:
             for block in blocks:
                 refs[block] = 0  # type: ignore[index]
+            self._num_evictable += count
+            self._stored += count
             if self._mark_evictable is not None:
                 for key in key_list:
                     self._mark_evictable(key)
-            self._num_evictable += count
-            self._stored += count
             if self._events is not None and key_list:
                 self._events.append(OffloadingEvent(list(key_list), MEDIUM_CPU, removed=False))
         else:
@@ -430,7 +475,7 @@ class CPUOffloadingManager:
     def get_stats(self) -> OffloadingStats:
         return OffloadingStats(
             capacity=self.num_blocks,
-            lookups=self._lookups,
+            lookups=self._hits + self._misses + self._pending_lookups,
             hits=self._hits,
             misses=self._misses,
             pending=self._pending_lookups,

@@ -98,7 +98,7 @@ class PluginRegistry(Generic[T]):
                 f"{self.kind} {name!r} is already registered (-> {module}:{cls}); "
                 f"pick another name or call unregister({name!r}) first",
                 kind=self.kind,
-                name=name,
+                plugin=name,
             )
         self._registered[name] = (module_path, class_name)
 
@@ -132,7 +132,7 @@ class PluginRegistry(Generic[T]):
                 f"{self.kind} {name!r} is provided by more than one installed distribution "
                 f"({dists}); uninstall all but one of them",
                 kind=self.kind,
-                name=name,
+                plugin=name,
             )
         (ep,) = candidates
         try:
@@ -143,7 +143,7 @@ class PluginRegistry(Generic[T]):
                 f"import ({ep.value}): {type(exc).__name__}: {exc}; reinstall or fix the "
                 f"distribution, or uninstall it",
                 kind=self.kind,
-                name=name,
+                plugin=name,
             ) from exc
         return self._check(name, obj, f"entry point {ep.value} of {_dist_label(ep)}")
 
@@ -155,7 +155,7 @@ class PluginRegistry(Generic[T]):
                 f"{self.kind} {name!r} ({origin}) resolved to {obj!r}, which is not a subclass "
                 f"of {self.base.__module__}.{self.base.__qualname__}; plugins must subclass it",
                 kind=self.kind,
-                name=name,
+                plugin=name,
             )
         return obj
 
@@ -165,7 +165,7 @@ class PluginRegistry(Generic[T]):
             raise PluginNotFoundError(
                 f"{self.kind} name must be a non-empty string, got {name!r}",
                 kind=self.kind,
-                name=str(name),
+                plugin=str(name),
             )
         cached = self._loaded.get(name)
         if cached is not None:
@@ -192,7 +192,7 @@ class PluginRegistry(Generic[T]):
                 f"{self.kind} {name!r} registered at run time as {module_path}:{class_name} "
                 f"failed to import: {type(exc).__name__}: {exc}",
                 kind=self.kind,
-                name=name,
+                plugin=name,
             ) from exc
         return self._check(name, obj, f"registered as {module_path}:{class_name}")
 
@@ -205,7 +205,7 @@ class PluginRegistry(Generic[T]):
                 f"{type(exc).__name__}: {exc}; module_path must be an importable module that "
                 f"defines a class named {name!r}",
                 kind=self.kind,
-                name=name,
+                plugin=name,
             ) from exc
         cls = self._check(name, obj, f"module_path {module_path!r}")
         if (name, module_path) not in self._warned_module_paths:
@@ -217,8 +217,9 @@ class PluginRegistry(Generic[T]):
                 ExperimentalPluginWarning,
                 stacklevel=4,
             )
-            logger.info("using %s class %s from module %s", self.kind, cls.__qualname__,
-                        cls.__module__)
+            logger.info(
+                "using %s class %s from module %s", self.kind, cls.__qualname__, cls.__module__
+            )
         return cls
 
     def _not_found(self, name: str) -> PluginNotFoundError:
@@ -234,7 +235,7 @@ class PluginRegistry(Generic[T]):
             f"for an out-of-tree class, set {self._config_hint} to the module that defines "
             f"a class named {name!r}"
         )
-        return PluginNotFoundError("; ".join(parts), kind=self.kind, name=name)
+        return PluginNotFoundError("; ".join(parts), kind=self.kind, plugin=name)
 
     # -- listing --------------------------------------------------------------------------
 
@@ -277,4 +278,3 @@ class PluginRegistry(Generic[T]):
 def _dist_label(ep: metadata.EntryPoint) -> str:
     dist = ep.dist
     return f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
-

@@ -10,7 +10,10 @@ __all__ = ["CachePolicyFactory", "POLICY_ENTRY_POINT_GROUP"]
 POLICY_ENTRY_POINT_GROUP = "kv_offload.policies"
 
 _registry: PluginRegistry[CachePolicy] = PluginRegistry(
-    "policy", POLICY_ENTRY_POINT_GROUP, CachePolicy, "cache_policy_module_path"
+    "policy",
+    POLICY_ENTRY_POINT_GROUP,
+    CachePolicy,  # type: ignore[type-abstract]  # only used for issubclass checks
+    "cache_policy_module_path",
 )
 
 

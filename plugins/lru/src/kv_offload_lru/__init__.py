@@ -26,7 +26,7 @@ class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self._blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
-        self.get = self._blocks.get  # type: ignore[method-assign]
+        self.get = self._blocks.get  # type: ignore[method-assign,assignment]
 
     def get(self, key: OffloadKey) -> BlockStatus | None:  # replaced per instance in __init__
         return self._blocks.get(key)
@@ -63,9 +63,7 @@ class LRUCachePolicy(CachePolicy):
         # Popping and checking them with C-level maps avoids a Python step per block.
         popitem = blocks.popitem
         oldest = [popitem(last=False) for _ in range(n)]
-        if not any(map(_ref_cnt, map(_block, oldest))) and protected.isdisjoint(
-            map(_key, oldest)
-        ):
+        if not any(map(_ref_cnt, map(_block, oldest))) and protected.isdisjoint(map(_key, oldest)):
             return oldest
         self._restore_front(oldest)
         return self._evict_scanning(n, protected)

@@ -1,0 +1,60 @@
+"""Sessions: tests (fresh venv, every distribution installed as a user would), lint,
+typecheck, bench, demo. `python3 -m nox` runs tests, lint and typecheck."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = False
+
+ROOT = Path(__file__).parent
+PLUGINS = sorted(
+    str(path.relative_to(ROOT))
+    for path in (ROOT / "plugins").iterdir()
+    if (path / "pyproject.toml").is_file()
+)
+RUFF = "ruff==0.17.6"
+MYPY = "mypy==2.4.1"
+
+
+def install_stack(session: nox.Session, *extras: str) -> None:
+    """The core and every plugin distribution, non-editable, in one resolver run."""
+    core = f".[{','.join(extras)}]" if extras else "."
+    session.install(core, *PLUGINS)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    install_stack(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install(RUFF)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", "core", "plugins")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    install_stack(session)
+    session.install(MYPY)
+    session.run("mypy", "core/kv_offload", *(f"{p}/src" for p in PLUGINS))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    install_stack(session)
+    session.run("python", "benchmarks/replay.py", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    install_stack(session)
+    session.run(
+        "python", "-m", "kv_offload.demo", "data/conversation_trace.jsonl", *session.posargs
+    )
