@@ -4,6 +4,7 @@ eviction policies, storage tiers and lifecycle hooks."""
 from __future__ import annotations
 
 from .block_status import BlockStatus
+from .buffer import CPUKVBuffer
 from .errors import (
     ConfigError,
     DuplicateRegistrationError,
@@ -28,9 +29,22 @@ from .policy_factory import CachePolicyFactory
 from .request import ReqContext
 from .spec import CPULoadStoreSpec, LoadStoreSpec, PrepareStoreOutput
 from .stats import OffloadingStats
+from .tier import JobDirection, JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
+from .tier_factory import SecondaryTierFactory
+from .tiering import TieringOffloadingManager, TieringStats, TierStats
 
 __all__ = [
     "BlockStatus",
+    "CPUKVBuffer",
+    "JobDirection",
+    "JobMetadata",
+    "JobResult",
+    "OffloadingConfig",
+    "SecondaryTierFactory",
+    "SecondaryTierManager",
+    "TieringOffloadingManager",
+    "TieringStats",
+    "TierStats",
     "CachePolicy",
     "CachePolicyFactory",
     "ConfigError",

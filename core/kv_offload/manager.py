@@ -16,6 +16,7 @@ from operator import is_, itemgetter
 from typing import Any
 
 from .block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
+from .buffer import CPUKVBuffer
 from .errors import (
     ConfigError,
     InvalidArgumentError,
@@ -111,6 +112,8 @@ class CPUOffloadingManager:
         cache_policy: str = "lru",
         cache_policy_module_path: str | None = None,
         enable_events: bool = False,
+        block_size_bytes: int | None = None,
+        kv_buffer: CPUKVBuffer | None = None,
     ) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
             raise ConfigError(
@@ -130,6 +133,13 @@ class CPUOffloadingManager:
                 kind="policy",
                 plugin=cache_policy,
             ) from exc
+        if kv_buffer is None and block_size_bytes is not None:
+            kv_buffer = CPUKVBuffer(num_blocks, block_size_bytes)
+        if kv_buffer is not None and kv_buffer.num_blocks != num_blocks:
+            raise ConfigError(
+                f"kv_buffer has {kv_buffer.num_blocks} rows but num_blocks is {num_blocks}"
+            )
+        self.kv_buffer = kv_buffer
         self.num_blocks = num_blocks
         self.cache_policy_name = cache_policy
         self._policy: CachePolicy = policy
@@ -264,7 +274,20 @@ class CPUOffloadingManager:
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
-        key_list, _, blocks = self._batch(keys, req_context, "prepare_load")
+        return CPULoadStoreSpec(self.pin(keys, req_context, "prepare_load"))
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Unpin blocks pinned by :meth:`prepare_load`."""
+        self._loaded += self.unpin(keys, req_context, "complete_load")
+
+    def pin(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "pin"
+    ) -> list[BlockStatus]:
+        """Protect readable blocks from eviction (one more reader each); returns their slots.
+
+        ``prepare_load`` is this plus a spec; a tiered manager pins blocks it cascades.
+        """
+        key_list, _, blocks = self._batch(keys, req_context, operation)
         refs = self._refs
         try:
             counts = list(map(refs.__getitem__, blocks))  # type: ignore[arg-type]
@@ -272,7 +295,7 @@ class CPUOffloadingManager:
             counts = [-1]
         if counts and min(counts) < 0:
             raise self._key_state_error(
-                "prepare_load",
+                operation,
                 key_list,
                 blocks,
                 lambda c: c is None or c < 0,
@@ -288,11 +311,13 @@ class CPUOffloadingManager:
                 for key, count in zip(key_list, counts):
                     if count == 0:
                         self._mark_non_evictable(key)
-        return CPULoadStoreSpec(blocks)  # type: ignore[arg-type]
+        return blocks  # type: ignore[return-value]
 
-    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Unpin blocks pinned by :meth:`prepare_load`."""
-        key_list, _, blocks = self._batch(keys, req_context, "complete_load")
+    def unpin(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "unpin"
+    ) -> int:
+        """Release one reader of each block; returns how many keys were unpinned."""
+        key_list, _, blocks = self._batch(keys, req_context, operation)
         refs = self._refs
         try:
             counts = list(map(refs.__getitem__, blocks))  # type: ignore[arg-type]
@@ -300,11 +325,12 @@ class CPUOffloadingManager:
             counts = [0]
         if counts and min(counts) <= 0:
             raise self._key_state_error(
-                "complete_load",
+                operation,
                 key_list,
                 blocks,
                 lambda c: c is None or c <= 0,
-                "call complete_load only for keys pinned by prepare_load",
+                f"call {operation} only for keys pinned by "
+                + ("prepare_load" if operation == "complete_load" else "pin"),
             )
         for block in blocks:
             refs[block] -= 1  # type: ignore[index]
@@ -316,7 +342,7 @@ class CPUOffloadingManager:
                 for key, count in zip(key_list, counts):
                     if count == 1:
                         self._mark_evictable(key)
-        self._loaded += len(key_list)
+        return len(key_list)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Mark blocks as recently used; keys not in the CPU tier are ignored."""

@@ -101,6 +101,9 @@ class PluginRegistry(Generic[T]):
                 plugin=name,
             )
         self._registered[name] = (module_path, class_name)
+        # A class cached for this name (an entry point resolved earlier) must not shadow the
+        # registration, which comes first in the resolution order.
+        self._loaded.pop(name, None)
 
     def unregister(self, name: str) -> None:
         """Forget a runtime registration (tests, hot reload); unknown names are ignored."""
