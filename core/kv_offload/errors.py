@@ -20,6 +20,8 @@ __all__ = [
     "PluginConflictError",
     "PluginTypeError",
     "DuplicateRegistrationError",
+    "PluginValidationError",
+    "HookError",
 ]
 
 
@@ -81,3 +83,12 @@ class PluginTypeError(PluginError, TypeError):
 
 class DuplicateRegistrationError(PluginError):
     """A plugin name was registered twice at runtime."""
+
+
+class PluginValidationError(PluginError):
+    """A hook plugin implements an unknown hook or takes arguments its hook does not have."""
+
+
+class HookError(PluginError):
+    """A hook plugin raised. For event hooks the manager call had already taken effect; for
+    decision hooks it had not started. ``plugin`` names the culprit; the cause is chained."""

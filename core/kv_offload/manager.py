@@ -19,6 +19,7 @@ from .block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
 from .buffer import CPUKVBuffer
 from .errors import (
     ConfigError,
+    HookError,
     InvalidArgumentError,
     InvalidKeyError,
     KeyStateError,
@@ -27,6 +28,7 @@ from .errors import (
     PluginError,
 )
 from .events import OffloadingEvent
+from .hooks import HookCallers, KVOffloadPluginManager, get_plugin_manager, register_if_hookimpl
 from .keys import OffloadKey
 from .lookup import LookupResult
 from .policy import CachePolicy
@@ -114,6 +116,7 @@ class CPUOffloadingManager:
         enable_events: bool = False,
         block_size_bytes: int | None = None,
         kv_buffer: CPUKVBuffer | None = None,
+        plugin_manager: KVOffloadPluginManager | None = None,
     ) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
             raise ConfigError(
@@ -158,6 +161,9 @@ class CPUOffloadingManager:
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._closed = False
         self._reset_counters()
+        self.plugin_manager = plugin_manager if plugin_manager is not None else get_plugin_manager()
+        self._hooks = HookCallers(self.plugin_manager)
+        self._own_plugins = register_if_hookimpl(self.plugin_manager, policy)
 
     def _reset_counters(self) -> None:
         self._hits = 0
@@ -197,10 +203,14 @@ class CPUOffloadingManager:
 
     def on_new_request(self, req_context: ReqContext) -> None:
         _check_ctx(req_context, "on_new_request")
+        if (hook := self._hooks.request_started) is not None:
+            self._hooks.call(hook, manager=self, req_context=req_context)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         _check_ctx(req_context, "on_request_finished")
         self._policy.on_request_finished(req_context)
+        if (hook := self._hooks.request_finished) is not None:
+            self._hooks.call(hook, manager=self, req_context=req_context)
 
     def on_schedule_end(self) -> None:
         """End of a scheduler step; nothing is deferred in the CPU-only manager."""
@@ -279,6 +289,10 @@ class CPUOffloadingManager:
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
         self._loaded += self.unpin(keys, req_context, "complete_load")
+        if (hook := self._hooks.blocks_loaded) is not None:
+            self._hooks.call(
+                hook, manager=self, keys=list(keys), medium=MEDIUM_CPU, req_context=req_context
+            )
 
     def pin(
         self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "pin"
@@ -376,6 +390,11 @@ class CPUOffloadingManager:
             to_store = list(compress(key_list, map(is_, blocks, repeat(None))))
         else:
             return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
+        if (hook := self._hooks.store_admission) is not None:
+            to_store = self._admit(hook, to_store, req_context)
+            count = len(to_store)
+            if not count:
+                return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
         shortfall = count - self.num_free_blocks
         evicted: list[OffloadKey] = []
         if shortfall > 0:
@@ -392,7 +411,31 @@ class CPUOffloadingManager:
         new_blocks = self._allocate(count)
         self._policy.insert_many(to_store, new_blocks)
         self._num_pending += count
-        return PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
+        output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
+        if evicted and (hook := self._hooks.blocks_evicted) is not None:
+            self._hooks.call(
+                hook, manager=self, keys=evicted, medium=MEDIUM_CPU, req_context=req_context
+            )
+        return output
+
+    def _admit(
+        self, hook: Any, to_store: list[OffloadKey], req_context: ReqContext
+    ) -> list[OffloadKey]:
+        """The keys the store-admission hook lets in, in the caller's order."""
+        admitted = self._hooks.call(
+            hook, manager=self, keys=list(to_store), req_context=req_context
+        )
+        if admitted is None:
+            return to_store
+        try:
+            allowed = set(admitted)
+        except TypeError:
+            raise HookError(
+                f"kv_offload_store_admission returned {admitted!r}; it must return a list of "
+                f"keys or None",
+                kind="hook",
+            ) from None
+        return [key for key in to_store if key in allowed]
 
     def _take_victims(
         self, victims: list[tuple[OffloadKey, BlockStatus]], expected: int, protected: set[Any]
@@ -468,12 +511,28 @@ class CPUOffloadingManager:
                     self._mark_evictable(key)
             if self._events is not None and key_list:
                 self._events.append(OffloadingEvent(list(key_list), MEDIUM_CPU, removed=False))
+            if (hook := self._hooks.blocks_stored) is not None:
+                self._hooks.call(
+                    hook,
+                    manager=self,
+                    keys=list(key_list),
+                    medium=MEDIUM_CPU,
+                    req_context=req_context,
+                )
         else:
             remove = self._policy.remove
             for key in key_list:
                 remove(key)
             self._free.extend(blocks)  # type: ignore[arg-type]
             self._failed_stores += count
+            if (hook := self._hooks.store_failed) is not None:
+                self._hooks.call(
+                    hook,
+                    manager=self,
+                    keys=list(key_list),
+                    medium=MEDIUM_CPU,
+                    req_context=req_context,
+                )
 
     # -- whole-cache operations -----------------------------------------------------------
 
@@ -497,6 +556,8 @@ class CPUOffloadingManager:
         self._num_pending = 0
         self._num_pinned = 0
         self._reset_counters()
+        if (hook := self._hooks.cache_reset) is not None:
+            self._hooks.call(hook, manager=self)
 
     def get_stats(self) -> OffloadingStats:
         return OffloadingStats(
@@ -519,9 +580,16 @@ class CPUOffloadingManager:
 
     def shutdown(self) -> None:
         """Release everything; later stores raise :class:`ManagerError`."""
-        if not self._closed:
-            self.reset_cache()
-            self._closed = True
+        if self._closed:
+            return
+        self.reset_cache()
+        self._closed = True
+        try:
+            if (hook := self._hooks.shutdown) is not None:
+                self._hooks.call(hook, manager=self)
+        finally:
+            for plugin in self._own_plugins:
+                self.plugin_manager.unregister(plugin)
 
     def _check_open(self, operation: str) -> None:
         if self._closed:

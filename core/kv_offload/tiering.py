@@ -15,12 +15,14 @@ import logging
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .buffer import CPUKVBuffer
-from .errors import ConfigError, KeyStateError, ManagerError
+from .errors import ConfigError, HookError, KeyStateError, ManagerError
 from .events import OffloadingEvent
+from .hooks import register_if_hookimpl
 from .keys import OffloadKey
 from .lookup import LookupResult
 from .manager import CPUOffloadingManager
@@ -95,9 +97,15 @@ class TieringOffloadingManager:
         # (tier index, req_id) -> (context, keys, slots) promotions waiting for the step end
         self._queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
         self._promoting: set[OffloadKey] = set()
+        self._deferred: list[HookError] = []
         self._tier_stats = [TierStats(name) for name in names]
         self._events: list[OffloadingEvent] | None = [] if primary._events is not None else None
         self._closed = False
+        self.plugin_manager = primary.plugin_manager
+        self._hooks = primary._hooks
+        self._own_plugins = [
+            p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
+        ]
 
     # -- delegated parts of the manager API -----------------------------------------------
 
@@ -160,6 +168,7 @@ class TieringOffloadingManager:
         """Submit the promotions queued this step, then collect finished tier jobs."""
         self._submit_queued()
         self._poll()
+        self._raise_deferred()
 
     def _submit_queued(self, req_id: str | None = None) -> None:
         for group in [g for g in self._queued if req_id is None or g[1] == req_id]:
@@ -217,15 +226,21 @@ class TieringOffloadingManager:
         del self._jobs[result.job_id]
         meta = job.meta
         stats = self._tier_stats[job.tier]
-        nbytes = len(meta.keys) * self._block_size
+        nbytes = len(meta.keys) * self._block_size if result.success else 0
+        hooks = self._hooks
         if meta.direction is JobDirection.LOAD:
             self._promoting.difference_update(meta.keys)
-            self.primary.complete_store(meta.keys, meta.req_context, success=result.success)
+            try:
+                self.primary.complete_store(meta.keys, meta.req_context, success=result.success)
+            except HookError as exc:  # the CPU tier's state is final; report after our hooks
+                self._deferred.append(exc)
             if result.success:
                 stats.promoted_blocks += len(meta.keys)
                 stats.bytes_read += nbytes
+                event_hook = hooks.blocks_loaded
             else:
                 stats.failed_promotions += len(meta.keys)
+                event_hook = None
         else:
             self.primary.unpin(meta.keys, meta.req_context, "cascade")
             if result.success:
@@ -233,8 +248,41 @@ class TieringOffloadingManager:
                 stats.bytes_written += nbytes
                 if self._events is not None:
                     self._events.append(OffloadingEvent(list(meta.keys), tier.name, False))
+                event_hook = hooks.blocks_stored
             else:
                 stats.failed_cascades += len(meta.keys)
+                event_hook = hooks.store_failed
+        self._call_hook(
+            hooks.tier_job_finished,
+            manager=self,
+            tier=tier.name,
+            direction=meta.direction.value,
+            keys=list(meta.keys),
+            success=result.success,
+            nbytes=nbytes,
+            req_context=meta.req_context,
+        )
+        self._call_hook(
+            event_hook,
+            manager=self,
+            keys=list(meta.keys),
+            medium=tier.name,
+            req_context=meta.req_context,
+        )
+
+    def _call_hook(self, hook: Any, **kwargs: Any) -> None:
+        """Fire an event hook; a raising plugin is reported once the current call is done,
+        so one plugin cannot make the manager drop the other results it is processing."""
+        if hook is not None:
+            try:
+                self._hooks.call(hook, **kwargs)
+            except HookError as exc:
+                self._deferred.append(exc)
+
+    def _raise_deferred(self) -> None:
+        if self._deferred:
+            first, self._deferred = self._deferred[0], []
+            raise first
 
     # -- stores and cascades --------------------------------------------------------------
 
@@ -264,9 +312,10 @@ class TieringOffloadingManager:
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._submit_queued(req_context.req_id)
-        self.primary.on_request_finished(req_context)
         for tier in self.tiers:
             tier.on_request_finished(req_context)
+        self.primary.on_request_finished(req_context)
+        self._raise_deferred()
 
     def has_pending_work(self) -> bool:
         """Whether tier jobs or queued promotions are outstanding."""
@@ -274,6 +323,10 @@ class TieringOffloadingManager:
 
     def drain(self, timeout: float | None = None) -> None:
         """Submit queued promotions and wait until every tier job has reported."""
+        self._drain(timeout)
+        self._raise_deferred()
+
+    def _drain(self, timeout: float | None = None) -> None:
         self._submit_queued()
         deadline = time.monotonic() + (self.drain_timeout if timeout is None else timeout)
         delay = 0.0005
@@ -300,10 +353,11 @@ class TieringOffloadingManager:
     def reset_cache(self) -> None:
         """Drain tier jobs, then empty the CPU tier. Secondary tiers keep their blocks: they
         may be shared with other engines."""
-        self.drain()
+        self._drain()
         self.primary.reset_cache()
         self._promoting.clear()
         self._tier_stats = [TierStats(s.name) for s in self._tier_stats]
+        self._raise_deferred()
 
     def get_stats(self) -> TieringStats:
         return TieringStats(
@@ -319,11 +373,14 @@ class TieringOffloadingManager:
             return
         self._closed = True
         try:
-            self.drain()
+            self._drain()
         finally:
             for tier in self.tiers:
                 try:
                     tier.shutdown()
                 except Exception:
                     logger.exception("tier %r raised from shutdown()", tier.name)
+            for plugin in self._own_plugins:
+                self.plugin_manager.unregister(plugin)
             self.primary.shutdown()
+        self._raise_deferred()

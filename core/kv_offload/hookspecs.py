@@ -1,0 +1,107 @@
+"""The lifecycle hooks of kv-offload (pluggy project ``kv_offload``).
+
+Write a plugin by decorating functions (or methods) named like these specs with
+``kv_offload.hookimpl``; a hookimpl may take any subset of a spec's arguments. Event hooks
+fire **once per manager call with the whole batch of keys**, *after* the manager's bookkeeping
+is consistent, so a plugin that raises cannot corrupt state: the manager re-raises it as
+:class:`~kv_offload.errors.HookError` naming the plugin, and the call's effect stands.
+Decision hooks fire *before* the manager changes anything; if one raises, the call has no
+effect at all.
+
+Arguments common to most hooks: ``manager`` (the manager firing the hook: a
+``CPUOffloadingManager`` or ``TieringOffloadingManager``), ``req_context``, ``keys`` (a list,
+in the caller's order) and ``medium`` (``"CPU"`` or a secondary tier's name).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+from .keys import OffloadKey
+from .request import ReqContext
+
+__all__ = ["PROJECT_NAME", "hookimpl", "hookspec"]
+
+PROJECT_NAME = "kv_offload"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def kv_offload_request_started(manager: Any, req_context: ReqContext) -> None:
+    """Fires in ``on_new_request``. Result unused."""
+
+
+@hookspec
+def kv_offload_request_finished(manager: Any, req_context: ReqContext) -> None:
+    """Fires in ``on_request_finished``, after the policy and tiers were told. Result unused."""
+
+
+@hookspec
+def kv_offload_blocks_stored(
+    manager: Any, keys: list[OffloadKey], medium: str, req_context: ReqContext
+) -> None:
+    """Blocks became loadable in ``medium``: a successful ``complete_store`` (``"CPU"``), or a
+    cascade job a secondary tier finished successfully (the tier's name). Result unused."""
+
+
+@hookspec
+def kv_offload_blocks_loaded(
+    manager: Any, keys: list[OffloadKey], medium: str, req_context: ReqContext
+) -> None:
+    """Blocks were read out of ``medium``: ``complete_load`` (``"CPU"``, to the GPU), or a
+    promotion a secondary tier finished successfully (the tier's name, into the CPU tier).
+    Result unused."""
+
+
+@hookspec
+def kv_offload_blocks_evicted(
+    manager: Any, keys: list[OffloadKey], medium: str, req_context: ReqContext
+) -> None:
+    """``prepare_store`` evicted idle blocks from ``medium`` to make room. Result unused."""
+
+
+@hookspec
+def kv_offload_store_failed(
+    manager: Any, keys: list[OffloadKey], medium: str, req_context: ReqContext
+) -> None:
+    """A store did not land: ``complete_store(success=False)`` (``"CPU"``; the slots are
+    already free) or a failed cascade job (the tier's name). Result unused."""
+
+
+@hookspec
+def kv_offload_tier_job_finished(
+    manager: Any,
+    tier: str,
+    direction: str,
+    keys: list[OffloadKey],
+    success: bool,
+    nbytes: int,
+    req_context: ReqContext,
+) -> None:
+    """A secondary tier reported a job: ``direction`` is ``"store"`` (cascade) or ``"load"``
+    (promotion); ``nbytes`` the bytes moved (0 on failure). Result unused."""
+
+
+@hookspec
+def kv_offload_cache_reset(manager: Any) -> None:
+    """``reset_cache`` emptied the CPU tier. Result unused."""
+
+
+@hookspec
+def kv_offload_shutdown(manager: Any) -> None:
+    """``shutdown`` ran; the manager accepts no more stores. Result unused."""
+
+
+@hookspec(firstresult=True)
+def kv_offload_store_admission(
+    manager: Any, keys: list[OffloadKey], req_context: ReqContext
+) -> list[OffloadKey] | None:
+    """Decision hook, before ``prepare_store`` allocates anything: return the keys to admit
+    (a subset of ``keys``, any order; the manager keeps the caller's order) or ``None`` for no
+    opinion. The first non-``None`` answer wins (pluggy ``firstresult``), most recently
+    registered plugin first. Keys already stored are filtered before this hook runs, so it
+    only sees keys that would take a slot. A rejected key is simply not stored."""
