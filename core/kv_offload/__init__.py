@@ -8,6 +8,7 @@ from .buffer import CPUKVBuffer
 from .errors import (
     ConfigError,
     DuplicateRegistrationError,
+    HookError,
     InvalidArgumentError,
     InvalidKeyError,
     KeyStateError,
@@ -18,8 +19,11 @@ from .errors import (
     PluginImportError,
     PluginNotFoundError,
     PluginTypeError,
+    PluginValidationError,
 )
 from .events import OffloadingEvent
+from .hooks import KVOffloadPluginManager, create_plugin_manager, get_plugin_manager
+from .hookspecs import hookimpl, hookspec
 from .keys import OffloadKey, get_offload_block_hash, get_offload_group_idx, make_offload_key
 from .lookup import LookupResult
 from .manager import CPUOffloadingManager
@@ -48,16 +52,22 @@ __all__ = [
     "CachePolicy",
     "CachePolicyFactory",
     "ConfigError",
+    "create_plugin_manager",
     "CPULoadStoreSpec",
     "CPUOffloadingManager",
     "DuplicateRegistrationError",
     "ExperimentalPluginWarning",
     "get_offload_block_hash",
     "get_offload_group_idx",
+    "get_plugin_manager",
+    "HookError",
+    "hookimpl",
+    "hookspec",
     "InvalidArgumentError",
     "InvalidKeyError",
     "KeyStateError",
     "KVOffloadError",
+    "KVOffloadPluginManager",
     "LoadStoreSpec",
     "LookupResult",
     "make_offload_key",
@@ -71,6 +81,7 @@ __all__ = [
     "PluginInfo",
     "PluginNotFoundError",
     "PluginTypeError",
+    "PluginValidationError",
     "PrepareStoreOutput",
     "ReqContext",
 ]

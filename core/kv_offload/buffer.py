@@ -10,7 +10,9 @@ maps with the same constructor.
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
+import sys
+import threading
+from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,28 @@ from .errors import ConfigError, InvalidArgumentError
 __all__ = ["CPUKVBuffer"]
 
 Slots = npt.ArrayLike
+
+_attach_lock = threading.Lock()
+
+
+def _attach_shm(name: str) -> shared_memory.SharedMemory:
+    """Map an existing segment without handing it to this process's resource tracker.
+
+    The creator owns the segment and unlinks it. Before Python 3.13, attaching registers the
+    segment with the attaching process's resource tracker too (bpo-39959), and when that
+    process is not a multiprocessing child of the creator its tracker *unlinks the segment*
+    at exit, under the creator's feet (whose ``close()`` then fails). Python 3.13 has
+    ``track=False`` for this; older versions skip the registration.
+    """
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg,unused-ignore]
+    with _attach_lock:
+        register = resource_tracker.register
+        resource_tracker.register = lambda name, rtype: None
+        try:
+            return shared_memory.SharedMemory(name=name)
+        finally:
+            resource_tracker.register = register
 
 
 class CPUKVBuffer:
@@ -50,7 +74,12 @@ class CPUKVBuffer:
         self.path = Path(path) if path is not None else None
         array: npt.NDArray[np.uint8]
         if shared or shm_name is not None:
-            self._shm = shared_memory.SharedMemory(name=shm_name, create=create, size=self.nbytes)
+            if create:
+                self._shm = shared_memory.SharedMemory(name=shm_name, create=True, size=self.nbytes)
+            elif shm_name is None:
+                raise ConfigError("CPUKVBuffer: attaching (create=False) needs the shm_name")
+            else:
+                self._shm = _attach_shm(shm_name)
             array = np.ndarray((num_blocks, block_size_bytes), np.uint8, buffer=self._shm.buf)
         elif self.path is not None:
             fresh = create and not self.path.exists()
@@ -136,7 +165,8 @@ class CPUKVBuffer:
         if run is not None:
             np.copyto(out, self._array[run])
         else:
-            np.take(self._array, ids, axis=0, out=out)
+            # The ids are checked above; mode="raise" would copy through a temporary.
+            np.take(self._array, ids, axis=0, out=out, mode="clip")
         return out
 
     def close(self) -> None:

@@ -374,15 +374,22 @@ class CPUOffloadingManager:
     # -- stores ---------------------------------------------------------------------------
 
     def prepare_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext,
+        *,
+        protected: Collection[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
         """Allocate slots for the keys not yet stored, evicting if needed.
 
         Eviction is all or nothing and never takes a pending or pinned block, nor any of
-        ``keys``. Returns ``None``, with no state change, when not enough blocks can be evicted.
+        ``keys`` or ``protected`` (blocks a caller is about to load). Returns ``None``, with no
+        state change, when not enough blocks can be evicted.
         """
         self._check_open("prepare_store")
         key_list, key_set, blocks = self._batch(keys, req_context, "prepare_store")
+        if protected:
+            key_set = key_set.union(protected)
         count = blocks.count(None)
         if count == len(key_list):
             to_store = key_list[:]

@@ -1,22 +1,56 @@
 """Replaying a request trace through a manager: the request flow of a serving engine.
 
-Per request: ``lookup`` in prefix order until the first non-HIT, ``prepare_load`` /
-``complete_load`` of the hits, ``touch``, ``prepare_store`` / ``complete_store`` of the rest,
-``on_request_finished``. The loop is tight on purpose: benchmarks time it.
+Per request: ``lookup`` in prefix order until the first non-HIT (a ``PENDING`` block, such as a
+promotion from a secondary tier, is waited for by stepping the engine with
+``on_schedule_end()``), ``prepare_load`` / ``complete_load`` of the hits, ``touch``,
+``prepare_store`` / ``complete_store`` of the rest, ``on_request_finished``.
+
+With ``data_plane=True`` real bytes move too: each stored block's row of the CPU KV buffer is
+filled with bytes derived from its key, and every loaded block is read back and compared, so a
+replay through secondary tiers proves that no byte was lost or corrupted on the way.
+The loop is tight on purpose: benchmarks time it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
+from .buffer import CPUKVBuffer
+from .errors import ConfigError
 from .keys import OffloadKey
 from .lookup import LookupResult
-from .manager import CPUOffloadingManager
 from .request import ReqContext
+from .spec import CPULoadStoreSpec, PrepareStoreOutput
 
-__all__ = ["ReplayResult", "replay"]
+__all__ = ["ReplayResult", "replay", "block_bytes"]
+
+#: How many scheduler steps a replay waits for a PENDING block before counting it a miss.
+MAX_PENDING_STEPS = 64
+
+
+class Manager(Protocol):
+    kv_buffer: CPUKVBuffer | None
+
+    def on_new_request(self, req_context: ReqContext) -> None: ...
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult: ...
+    def prepare_load(self, keys: list[OffloadKey], req_context: ReqContext) -> CPULoadStoreSpec: ...
+    def complete_load(self, keys: list[OffloadKey], req_context: ReqContext) -> None: ...
+    def touch(self, keys: list[OffloadKey], req_context: ReqContext) -> None: ...
+    def prepare_store(
+        self, keys: list[OffloadKey], req_context: ReqContext
+    ) -> PrepareStoreOutput | None: ...
+    def complete_store(
+        self, keys: list[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None: ...
+    def on_request_finished(self, req_context: ReqContext) -> None: ...
+    def on_schedule_end(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -26,8 +60,11 @@ class ReplayResult:
     requests: int
     blocks: int
     hit_blocks: int
+    promoted_hit_blocks: int
     stored_blocks: int
     rejected_stores: int
+    verified_blocks: int
+    corrupted_blocks: int
     seconds: float
 
     @property
@@ -39,25 +76,54 @@ class ReplayResult:
         return self.blocks / self.seconds if self.seconds else 0.0
 
 
+def block_bytes(keys: list[OffloadKey], size: int) -> npt.NDArray[np.uint8]:
+    """Deterministic contents for blocks: each row repeats a digest of its key."""
+    digests = b"".join(hashlib.blake2b(key, digest_size=16).digest() for key in keys)
+    table = np.frombuffer(digests, np.uint8).reshape(len(keys), 16)
+    return np.tile(table, (1, -(-size // 16)))[:, :size]
+
+
 def replay(
-    manager: CPUOffloadingManager,
+    manager: Manager,
     requests: Iterable[tuple[ReqContext, list[OffloadKey]]],
+    *,
+    data_plane: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
     """Run every request through ``manager``; see the module docstring for the flow."""
-    hit_total = blocks = stored = rejected = count = 0
+    buffer = manager.kv_buffer if data_plane else None
+    if data_plane and buffer is None:
+        raise ConfigError("data_plane replay needs a manager with a KV buffer (block_size_bytes)")
+    size = buffer.block_size_bytes if buffer is not None else 0
+    hit_total = promoted = blocks = stored = rejected = count = verified = corrupted = 0
     HIT = LookupResult.HIT
+    PENDING = LookupResult.PENDING
     lookup = manager.lookup
     start = time.perf_counter()
     for ctx, keys in requests:
         manager.on_new_request(ctx)
         hits = 0
         for key in keys:
-            if lookup(key, ctx) is not HIT:
+            result = lookup(key, ctx)
+            if result is PENDING:
+                for _ in range(MAX_PENDING_STEPS):
+                    manager.on_schedule_end()
+                    result = lookup(key, ctx)
+                    if result is not PENDING:
+                        break
+                if result is HIT:
+                    promoted += 1
+            if result is not HIT:
                 break
             hits += 1
         if hits:
             hit_keys = keys[:hits]
-            manager.prepare_load(hit_keys, ctx)
+            spec = manager.prepare_load(hit_keys, ctx)
+            if buffer is not None:
+                got = buffer.read_blocks(spec.block_ids)
+                bad = int(np.count_nonzero((got != block_bytes(hit_keys, size)).any(axis=1)))
+                corrupted += bad
+                verified += hits
             manager.complete_load(hit_keys, ctx)
             manager.touch(hit_keys, ctx)
         if hits < len(keys):
@@ -65,10 +131,27 @@ def replay(
             if out is None:
                 rejected += 1
             elif out.keys_to_store:
+                if buffer is not None:
+                    buffer.write_blocks(
+                        out.store_spec.block_ids, block_bytes(out.keys_to_store, size)
+                    )
                 manager.complete_store(out.keys_to_store, ctx)
                 stored += len(out.keys_to_store)
         manager.on_request_finished(ctx)
+        manager.on_schedule_end()  # one request per scheduler step
         hit_total += hits
         blocks += len(keys)
         count += 1
-    return ReplayResult(count, blocks, hit_total, stored, rejected, time.perf_counter() - start)
+        if progress is not None:
+            progress(len(keys))
+    return ReplayResult(
+        count,
+        blocks,
+        hit_total,
+        promoted,
+        stored,
+        rejected,
+        verified,
+        corrupted,
+        time.perf_counter() - start,
+    )

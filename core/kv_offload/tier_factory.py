@@ -15,7 +15,7 @@ from .errors import ConfigError
 from .plugins import PluginInfo, PluginRegistry
 from .tier import OffloadingConfig, SecondaryTierManager
 
-__all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP"]
+__all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_arguments"]
 
 TIER_ENTRY_POINT_GROUP = "kv_offload.tiers"
 _RESERVED = ("config", "primary_kv_view", "tier_type")
@@ -74,15 +74,18 @@ class SecondaryTierFactory:
         tier_type = _tier_type(config)
         tier_cls = cls.get_tier_class(config)
         arguments = {k: v for k, v in config.items() if k not in ("type", "module_path")}
-        _check_arguments(tier_type, tier_cls, arguments)
+        check_tier_arguments(tier_type, tier_cls, arguments)
         return tier_cls(offloading_config, primary_kv_view, tier_type, **arguments)
 
 
-def _check_arguments(
+def check_tier_arguments(
     tier_type: str, tier_cls: type[SecondaryTierManager], arguments: Mapping[str, Any]
 ) -> None:
     """Reject config keys the tier's constructor does not take, naming tier and key."""
     parameters = inspect.signature(tier_cls.__init__).parameters
+    for key in arguments:
+        if key in _RESERVED:
+            raise ConfigError(f"tier {tier_type!r}: {key!r} is set by kv-offload, not in config")
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
     accepted = [
@@ -92,8 +95,6 @@ def _check_arguments(
         and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     ]
     for key in arguments:
-        if key in _RESERVED:
-            raise ConfigError(f"tier {tier_type!r}: {key!r} is set by kv-offload, not in config")
         if key not in accepted:
             raise ConfigError(
                 f"tier {tier_type!r} ({tier_cls.__module__}.{tier_cls.__qualname__}) has no "

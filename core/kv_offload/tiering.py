@@ -35,6 +35,7 @@ __all__ = ["TieringOffloadingManager", "TierStats", "TieringStats"]
 
 logger = logging.getLogger("kv_offload.tiering")
 
+_HIT = LookupResult.HIT
 _MISS = LookupResult.MISS
 _PENDING = LookupResult.PENDING
 
@@ -98,6 +99,8 @@ class TieringOffloadingManager:
         self._queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
         self._promoting: set[OffloadKey] = set()
         self._deferred: list[HookError] = []
+        # req_id -> keys its lookups answered HIT or PENDING (protected from its promotions)
+        self._found: dict[str, set[OffloadKey]] = {}
         self._tier_stats = [TierStats(name) for name in names]
         self._events: list[OffloadingEvent] | None = [] if primary._events is not None else None
         self._closed = False
@@ -130,7 +133,14 @@ class TieringOffloadingManager:
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
-        return self.primary.prepare_store(keys, req_context)
+        """The CPU tier's ``prepare_store``; if blocks pinned by finished cascades are in the
+        way, collect those tier results first and try once more."""
+        output = self.primary.prepare_store(keys, req_context)
+        if output is None and self._jobs:
+            self._poll()
+            output = self.primary.prepare_store(keys, req_context)
+            self._raise_deferred()
+        return output
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.primary.touch(keys, req_context)
@@ -143,17 +153,25 @@ class TieringOffloadingManager:
         """The CPU tier's answer; on a CPU miss, the first tier holding the key is asked to
         promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed)."""
         result = self.primary.lookup(key, req_context)
-        if result is not _MISS or not self.tiers:
+        if not self.tiers:
+            return result
+        if result is not _MISS:
+            # What a request found stays protected from its own promotions until it finishes:
+            # evicting an earlier HIT of the same prefix would break its prepare_load.
+            self._found.setdefault(req_context.req_id, set()).add(key)
             return result
         for index, tier in enumerate(self.tiers):
             if tier.lookup(key, req_context) is True:
-                return self._reserve_promotion(index, key, req_context)
+                answer = self._reserve_promotion(index, key, req_context)
+                if answer is _PENDING:
+                    self._found.setdefault(req_context.req_id, set()).add(key)
+                return answer
         return _MISS
 
     def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         stats = self._tier_stats[index]
         stats.lookup_hits += 1
-        out = self.primary.prepare_store([key], ctx)
+        out = self.primary.prepare_store([key], ctx, protected=self._found.get(ctx.req_id, ()))
         if out is None or not out.keys_to_store:
             stats.refused_promotions += 1
             return _MISS
@@ -312,6 +330,7 @@ class TieringOffloadingManager:
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._submit_queued(req_context.req_id)
+        self._found.pop(req_context.req_id, None)
         for tier in self.tiers:
             tier.on_request_finished(req_context)
         self.primary.on_request_finished(req_context)
@@ -356,6 +375,7 @@ class TieringOffloadingManager:
         self._drain()
         self.primary.reset_cache()
         self._promoting.clear()
+        self._found.clear()
         self._tier_stats = [TierStats(s.name) for s in self._tier_stats]
         self._raise_deferred()
 

@@ -1,0 +1,64 @@
+"""Turn a config into a ready manager: the one call an engine or the CLI needs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .config import StackConfig, load_config
+from .hooks import KVOffloadPluginManager, create_plugin_manager
+from .manager import CPUOffloadingManager
+from .tier import OffloadingConfig, SecondaryTierManager
+from .tier_factory import SecondaryTierFactory
+from .tiering import TieringOffloadingManager
+
+__all__ = ["build_manager"]
+
+
+def build_manager(
+    config: Mapping[str, Any] | str | Path | StackConfig,
+    *,
+    plugin_manager: KVOffloadPluginManager | None = None,
+) -> CPUOffloadingManager | TieringOffloadingManager:
+    """Validate ``config`` (a dict, a TOML path or a :class:`StackConfig`) and build the stack.
+
+    Without tiers the result is a :class:`CPUOffloadingManager`; with tiers, a
+    :class:`TieringOffloadingManager` whose CPU tier owns a KV buffer of
+    ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table
+    unless ``plugin_manager`` is given.
+    """
+    stack = load_config(config)
+    if plugin_manager is None:
+        plugin_manager = create_plugin_manager(
+            autoload=stack.hooks.autoload,
+            allow=stack.hooks.enable or None,
+            block=stack.hooks.block,
+        )
+    primary = CPUOffloadingManager(
+        stack.num_blocks,
+        cache_policy=stack.policy,
+        cache_policy_module_path=stack.policy_module_path,
+        enable_events=stack.enable_events,
+        block_size_bytes=stack.block_size_bytes,
+        plugin_manager=plugin_manager,
+    )
+    if not stack.tiers:
+        return primary
+    buffer = primary.kv_buffer
+    assert buffer is not None
+    offloading = OffloadingConfig(stack.num_blocks, buffer.block_size_bytes)
+    tiers: list[SecondaryTierManager] = []
+    try:
+        for tier in stack.tiers:
+            tiers.append(
+                SecondaryTierFactory.create_secondary_tier(
+                    tier.as_factory_config(), buffer.view, offloading
+                )
+            )
+    except BaseException:
+        for built in tiers:
+            built.shutdown()
+        primary.shutdown()
+        raise
+    return TieringOffloadingManager(primary, tiers)
