@@ -1,0 +1,318 @@
+"""The ``kv-offload`` command: list plugins, validate a config, replay and compare traces.
+
+Every failure a user can cause (missing file, malformed trace line, bad config, broken
+plugin) exits with status 2 and one line on stderr; ``--debug`` shows the traceback.
+Machine-readable output (``--json``) goes to stdout; progress bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .build import build_manager
+from .config import DEFAULT_CONFIG, StackConfig, load_config
+from .errors import KVOffloadError
+from .hooks import HOOK_ENTRY_POINT_GROUP
+from .plugins import ENTRY_POINT, PluginInfo
+from .policy_factory import CachePolicyFactory
+from .replay import ReplayResult, replay
+from .request import ReqContext
+from .tier_factory import SecondaryTierFactory
+from .tiering import TieringOffloadingManager
+from .trace import read_trace
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+def _hook_plugins() -> list[PluginInfo]:
+    """Installed hook plugins; each is imported to check it (a broken one shows its error)."""
+    infos = []
+    for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP):
+        error = None
+        try:
+            ep.load()
+        except Exception as exc:
+            error = f"failed to import: {type(exc).__name__}: {exc}"
+        dist = ep.dist
+        infos.append(
+            PluginInfo(
+                ep.name,
+                "hook",
+                ep.value,
+                ENTRY_POINT,
+                dist.name if dist else None,
+                dist.version if dist else None,
+                error,
+            )
+        )
+    return infos
+
+
+def _all_plugins() -> list[PluginInfo]:
+    policies = CachePolicyFactory.registry
+    tiers = SecondaryTierFactory.registry
+    infos = [policies.check(i) for i in policies.available()]
+    infos += [tiers.check(i) for i in tiers.available()]
+    return infos + _hook_plugins()
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    infos = _all_plugins()
+    if args.json:
+        print(json.dumps([asdict(i) for i in infos], indent=2))
+        return 0
+    rows = [
+        [
+            i.name,
+            i.kind,
+            i.distribution or "-",
+            i.version or "-",
+            i.source,
+            "ok" if i.error is None else f"BROKEN: {i.error}",
+        ]
+        for i in infos
+    ]
+    print(_table(rows, ["name", "kind", "distribution", "version", "found via", "status"]))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    stack = load_config(args.config)
+    if args.json:
+        print(json.dumps(stack.describe(), indent=2))
+        return 0
+    described = stack.describe()
+    cpu = described["cpu"]
+    print(f"{stack.source}: valid")
+    size = f", {cpu['block_size_bytes']} bytes/block" if cpu["block_size_bytes"] else ""
+    print(f"  CPU tier: {cpu['num_blocks']} blocks{size}, policy {cpu['policy']!r}")
+    for index, tier in enumerate(described["tiers"], start=1):
+        extra = ", ".join(f"{k}={v!r}" for k, v in tier.items() if k != "type")
+        print(f"  tier {index}: {tier['type']!r}" + (f" ({extra})" if extra else ""))
+    hooks = described["hooks"]
+    print(
+        f"  hooks: autoload={hooks['autoload']}, enable={hooks['enable']}, block={hooks['block']}"
+    )
+    return 0
+
+
+def _requests(trace: Path, limit: int | None) -> list[tuple[ReqContext, list[Any]]]:
+    return [(ReqContext(r.req_id), r.keys) for r in read_trace(trace, limit)]
+
+
+def _progress(total: int, enabled: bool, label: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        unit="blk",
+        unit_scale=True,
+        desc=label,
+        disable=None if enabled else True,  # None: only on a terminal
+        file=sys.stderr,
+        leave=False,
+    )
+
+
+def _report(stack: StackConfig, manager: Any, result: ReplayResult) -> dict[str, Any]:
+    stats = manager.get_stats()
+    cpu = stats.cpu if isinstance(manager, TieringOffloadingManager) else stats
+    tiers = stats.tiers if isinstance(manager, TieringOffloadingManager) else []
+    direct_hits = result.hit_blocks - result.promoted_hit_blocks
+    return {
+        "config": stack.source,
+        "policy": stack.policy,
+        "num_blocks": stack.num_blocks,
+        "requests": result.requests,
+        "blocks": result.blocks,
+        "hit_ratio": result.hit_ratio,
+        "hit_ratio_by_tier": {
+            "CPU": direct_hits / result.blocks if result.blocks else 0.0,
+            **{t.name: t.promoted_blocks / result.blocks if result.blocks else 0.0 for t in tiers},
+        },
+        "evictions": cpu.evictions,
+        "promotions": sum(t.promoted_blocks for t in tiers),
+        "failed_promotions": sum(t.failed_promotions for t in tiers),
+        "cascaded_blocks": sum(t.cascaded_blocks for t in tiers),
+        "rejected_stores": result.rejected_stores,
+        "bytes_moved": {
+            "to_tiers": sum(t.bytes_written for t in tiers),
+            "from_tiers": sum(t.bytes_read for t in tiers),
+        },
+        "verified_blocks": result.verified_blocks,
+        "corrupted_blocks": result.corrupted_blocks,
+        "seconds": result.seconds,
+        "blocks_per_second": result.blocks_per_second,
+    }
+
+
+def _run(
+    stack: StackConfig, requests: list[tuple[ReqContext, list[Any]]], show: bool, label: str
+) -> dict[str, Any]:
+    manager = build_manager(stack)
+    total = sum(len(keys) for _, keys in requests)
+    try:
+        with _progress(total, show, label) as bar:
+            result = replay(
+                manager, requests, data_plane=manager.kv_buffer is not None, progress=bar.update
+            )
+        return _report(stack, manager, result)
+    finally:
+        manager.shutdown()
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    stack = load_config(args.config if args.config != "default" else DEFAULT_CONFIG)
+    requests = _requests(args.trace, args.limit)
+    report = _run(stack, requests, not args.no_progress, "replay")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(
+        f"config {report['config']}: policy {report['policy']!r}, {report['num_blocks']} CPU blocks"
+    )
+    print(f"trace {args.trace}: {report['requests']} requests, {report['blocks']} blocks")
+    print(f"hit ratio        {report['hit_ratio']:.4f}")
+    for tier, ratio in report["hit_ratio_by_tier"].items():
+        print(f"  from {tier:<10} {ratio:.4f}")
+    print(f"evictions        {report['evictions']}")
+    print(f"promotions       {report['promotions']} ({report['failed_promotions']} failed)")
+    print(f"cascaded blocks  {report['cascaded_blocks']}")
+    moved = report["bytes_moved"]
+    print(f"bytes moved      {moved['to_tiers']:,} to tiers, {moved['from_tiers']:,} from tiers")
+    if report["verified_blocks"]:
+        print(
+            f"bytes verified   {report['verified_blocks']} blocks read back, "
+            f"{report['corrupted_blocks']} corrupted"
+        )
+    print(
+        f"throughput       {report['blocks_per_second']:,.0f} blocks/s ({report['seconds']:.2f} s)"
+    )
+    return 0 if report["corrupted_blocks"] == 0 else 1
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    requests = _requests(args.trace, args.limit)
+    policies = args.policy or ["lru", "arc"]
+    capacities = args.capacity or [5000, 20000]
+    rows = []
+    for capacity in capacities:
+        for policy in policies:
+            stack = load_config({"num_blocks": capacity, "policy": policy})
+            report = _run(stack, requests, not args.no_progress, f"{policy}@{capacity}")
+            rows.append(report)
+    if args.plot:
+        _plot(rows, args.plot, args.trace)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        _table(
+            [
+                [
+                    r["policy"],
+                    str(r["num_blocks"]),
+                    f"{r['hit_ratio']:.4f}",
+                    str(r["evictions"]),
+                    f"{r['blocks_per_second']:,.0f}",
+                ]
+                for r in rows
+            ],
+            ["policy", "CPU blocks", "hit ratio", "evictions", "blocks/s"],
+        )
+    )
+    if args.plot:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, trace: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KVOffloadError("--plot needs matplotlib: pip install 'kv-offload[plot]'") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        points = sorted((r["num_blocks"], r["hit_ratio"]) for r in rows if r["policy"] == policy)
+        ax.plot(*zip(*points), marker="o", label=policy)
+    ax.set_xlabel("CPU tier capacity (blocks)")
+    ax.set_ylabel("prefix hit ratio")
+    ax.set_title(f"hit ratio vs capacity: {trace.name}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kv-offload", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("plugins", help="list installed policy, tier and hook plugins")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser("validate", help="validate a config and print the resolved stack")
+    p.add_argument("config", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("replay", help="replay a Mooncake JSONL trace through a config's stack")
+    p.add_argument("config", help="a TOML config, or 'default' for the embedded one")
+    p.add_argument("trace", type=Path)
+    p.add_argument("--limit", type=int, help="replay only the first N lines")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("compare", help="replay one trace across policies and capacities")
+    p.add_argument("trace", type=Path)
+    p.add_argument("--policy", action="append")
+    p.add_argument("--capacity", type=int, action="append")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--plot", type=Path, help="write a PNG of hit ratio vs capacity")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KVOffloadError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"kv-offload {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
