@@ -16,6 +16,7 @@ PLUGINS = sorted(
     for path in (ROOT / "plugins").iterdir()
     if (path / "pyproject.toml").is_file()
 )
+TRACE = "data/conversation_trace.jsonl"
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
 
@@ -54,7 +55,22 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
+    """The main job: the embedded default stack (CPU tier + example tier, real bytes) on the
+    bundled trace, then LRU against ARC across CPU-tier sizes."""
     install_stack(session)
+    session.run("kv-offload", "plugins")
+    session.run("kv-offload", "replay", "default", TRACE, "--no-progress")
     session.run(
-        "python", "-m", "kv_offload.demo", "data/conversation_trace.jsonl", *session.posargs
+        "kv-offload",
+        "compare",
+        TRACE,
+        "--no-progress",
+        "--policy",
+        "lru",
+        "--policy",
+        "arc",
+        "--capacity",
+        "5000",
+        "--capacity",
+        "20000",
     )

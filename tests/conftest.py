@@ -1,0 +1,35 @@
+"""Shared fixtures: throwaway modules on ``sys.path`` and real plugin environments."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from _dists import ModuleFactory, PluginEnv
+
+
+@pytest.fixture
+def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleFactory]:
+    """A :class:`ModuleFactory`; its modules leave ``sys.path`` and ``sys.modules`` afterwards."""
+    folder = tmp_path / "modules"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    factory = ModuleFactory(folder)
+    yield factory
+    for name in factory.created:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def plugin_env_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str], PluginEnv]:
+    """``plugin_env_factory(label) -> PluginEnv``: a fresh real virtual environment that sees
+    the test environment's packages (see ``tests/_dists.py``)."""
+
+    def make(label: str) -> PluginEnv:
+        return PluginEnv(tmp_path_factory.mktemp(label) / "venv")
+
+    return make
