@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from kv_offload import (
     CachePolicyFactory,
     ConfigError,
@@ -111,8 +110,7 @@ def check_occupancy(manager: CPUOffloadingManager) -> None:
     assert stats.capacity == manager.num_blocks
     assert stats.hits + stats.misses + stats.pending == stats.lookups
     assert (
-        stats.pending_blocks + stats.pinned_blocks + stats.evictable_blocks
-        == stats.resident_blocks
+        stats.pending_blocks + stats.pinned_blocks + stats.evictable_blocks == stats.resident_blocks
     )
 
 

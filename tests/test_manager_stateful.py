@@ -21,7 +21,6 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
 from kv_offload import (
     CachePolicyFactory,
     CPUOffloadingManager,
@@ -39,6 +38,7 @@ UNIVERSE = [make_offload_key(i) for i in range(NUM_KEYS)]
 CONTEXTS = [ReqContext(req_id=f"req-{i}") for i in range(3)]
 
 keys_strategy = st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=7, unique=True)
+store_keys_strategy = st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=4, unique=True)
 ctx_strategy = st.sampled_from(CONTEXTS)
 
 COUNTERS = (
@@ -47,8 +47,8 @@ COUNTERS = (
 )  # fmt: skip
 
 MACHINE_SETTINGS = settings(
-    max_examples=100,
-    stateful_step_count=25,
+    max_examples=80,
+    stateful_step_count=40,
     deadline=None,
     database=None,
 )
@@ -139,8 +139,14 @@ class ManagerMachine(RuleBasedStateMachine):
         self._lookup(key, ctx)
         self.expect_events([])
 
-    @rule(keys=keys_strategy, ctx=ctx_strategy)
-    def prepare_store(self, keys: list[bytes], ctx: ReqContext) -> None:
+    @rule(
+        keys=store_keys_strategy,
+        ctx=ctx_strategy,
+        then_complete=st.sampled_from([None, True, False]),
+    )
+    def prepare_store(self, keys: list[bytes], ctx: ReqContext, then_complete: bool | None) -> None:
+        """prepare_store; with ``then_complete`` set, complete the store right away with
+        that ``success`` (the common flow, so that the cache fills with ready blocks)."""
         resident = self.resident()
         to_store = [key for key in keys if key not in resident]
         shortfall = len(to_store) - (self.capacity - len(resident))
@@ -183,13 +189,16 @@ class ManagerMachine(RuleBasedStateMachine):
         self.expect_events([(evicted, True)] if evicted else [])
         for key in evicted:
             assert key in idle_before
+        if then_complete is not None and to_store:
+            self._complete_store(to_store, ctx, then_complete)
 
     @precondition(lambda self: self.manager is not None and bool(self.pending))
     @rule(data=st.data(), success=st.booleans(), ctx=ctx_strategy)
     def complete_store(self, data: st.DataObject, success: bool, ctx: ReqContext) -> None:
-        keys = data.draw(
-            st.lists(st.sampled_from(sorted(self.pending)), min_size=1, unique=True)
-        )
+        keys = data.draw(st.lists(st.sampled_from(sorted(self.pending)), min_size=1, unique=True))
+        self._complete_store(keys, ctx, success)
+
+    def _complete_store(self, keys: list[bytes], ctx: ReqContext, success: bool) -> None:
         self.m.complete_store(keys, ctx, success=success)
         for key in keys:
             slot = self.pending.pop(key)
@@ -239,9 +248,9 @@ class ManagerMachine(RuleBasedStateMachine):
                 self.order.append(key)
         self.expect_events([])
 
-    @rule(roll=st.integers(min_value=0, max_value=5))
+    @rule(roll=st.integers(min_value=0, max_value=15))
     def reset_cache(self, roll: int) -> None:
-        if roll:  # rarely, so that the cache gets full between resets
+        if roll != 7:  # rarely, so that the cache fills up between resets
             return
         resident = set(self.resident())
         self.m.reset_cache()
@@ -255,8 +264,21 @@ class ManagerMachine(RuleBasedStateMachine):
 
     # -- invalid calls: must raise and change nothing ------------------------------------
 
-    @rule(data=st.data(), ctx=ctx_strategy)
-    def invalid_key_state(self, data: st.DataObject, ctx: ReqContext) -> None:
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(["key_state", "batch", "context"]),
+        ctx=ctx_strategy,
+    )
+    def invalid_call(self, data: st.DataObject, kind: str, ctx: ReqContext) -> None:
+        if kind == "key_state":
+            self._invalid_key_state(data, ctx)
+        elif kind == "batch":
+            self._invalid_batch(data, ctx)
+        else:
+            self._invalid_context(data)
+
+    def _invalid_key_state(self, data: st.DataObject, ctx: ReqContext) -> None:
+        """Valid keys, then one key whose state does not fit the operation."""
         m = self.m
         operation = data.draw(st.sampled_from(["prepare_load", "complete_load", "complete_store"]))
         if operation == "prepare_load":
@@ -277,15 +299,21 @@ class ManagerMachine(RuleBasedStateMachine):
             call = lambda: getattr(m, operation)(keys, ctx)  # noqa: E731
         self.expect_invalid(KeyStateError, call, operation, repr(bad))
 
-    @rule(
-        data=st.data(),
-        operation=st.sampled_from(
-            ["prepare_load", "complete_load", "prepare_store", "complete_store", "touch"]
-        ),
-        ctx=ctx_strategy,
-    )
-    def invalid_batch(self, data: st.DataObject, operation: str, ctx: ReqContext) -> None:
-        keys = data.draw(keys_strategy)
+    def _invalid_batch(self, data: st.DataObject, ctx: ReqContext) -> None:
+        """Keys valid for the operation, then one repeated or unhashable key."""
+        operation = data.draw(
+            st.sampled_from(
+                ["prepare_load", "complete_load", "prepare_store", "complete_store", "touch"]
+            )
+        )
+        pool = {
+            "prepare_load": sorted(self.ready),
+            "complete_load": sorted(self.pinned()),
+            "complete_store": sorted(self.pending),
+        }.get(operation, UNIVERSE)
+        if not pool:
+            return
+        keys = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=7, unique=True))
         if data.draw(st.booleans()):
             bad: Any = data.draw(st.sampled_from(keys))
             exc_type: type[BaseException] = InvalidArgumentError
@@ -293,15 +321,17 @@ class ManagerMachine(RuleBasedStateMachine):
             bad = [data.draw(st.sampled_from(keys))]  # unhashable
             exc_type = InvalidKeyError
         self.expect_invalid(
-            exc_type, lambda: getattr(self.m, operation)([*keys, bad], ctx), operation
+            exc_type, lambda: getattr(self.m, operation)([*keys, bad], ctx), operation, repr(bad)
         )
 
-    @rule(key=st.sampled_from(UNIVERSE), operation=st.sampled_from(["lookup", "prepare_store"]))
-    def invalid_context(self, key: bytes, operation: str) -> None:
-        ctx: Any = ReqContext(req_id=None)  # type: ignore[arg-type]
+    def _invalid_context(self, data: st.DataObject) -> None:
+        """A context without a req_id."""
+        key = data.draw(st.sampled_from(UNIVERSE))
+        operation = data.draw(st.sampled_from(["lookup", "prepare_store", "touch"]))
+        ctx: Any = data.draw(st.sampled_from([ReqContext(req_id=None), object()]))  # type: ignore[arg-type]
         arg: Any = key if operation == "lookup" else [key]
         self.expect_invalid(
-            InvalidArgumentError, lambda: getattr(self.m, operation)(arg, ctx), "req_id"
+            InvalidArgumentError, lambda: getattr(self.m, operation)(arg, ctx), operation, "req_id"
         )
 
     # -- invariants ------------------------------------------------------------------------
@@ -371,8 +401,8 @@ class ARCManagerMachine(ManagerMachine):
     policy = "arc"
 
 
-TestLRUManagerStateful = _skip_unless_installed("lru")(LRUManagerMachine.TestCase)
-TestLRUManagerStateful.settings = MACHINE_SETTINGS
+LRUManagerMachine.TestCase.settings = MACHINE_SETTINGS
+ARCManagerMachine.TestCase.settings = MACHINE_SETTINGS
 
+TestLRUManagerStateful = _skip_unless_installed("lru")(LRUManagerMachine.TestCase)
 TestARCManagerStateful = _skip_unless_installed("arc")(ARCManagerMachine.TestCase)
-TestARCManagerStateful.settings = MACHINE_SETTINGS
