@@ -246,21 +246,41 @@ class PluginEnv:
     # -- running code -------------------------------------------------------------------
 
     def run(
-        self, code: str, *, python_args: Sequence[str] = (), cwd: Path | None = None
+        self,
+        code: str,
+        *,
+        python_args: Sequence[str] = (),
+        cwd: Path | None = None,
+        env: Mapping[str, str | None] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``code`` with this environment's interpreter; never raises on failure."""
+        """Run ``code`` with this environment's interpreter; never raises on failure.
+
+        ``env`` adjusts the child's environment: a ``None`` value removes that variable.
+        """
+        child_env = _clean_env()
+        for name, value in (env or {}).items():
+            if value is None:
+                child_env.pop(name, None)
+            else:
+                child_env[name] = value
         return subprocess.run(
             [str(self.python), *python_args, "-c", code],
             capture_output=True,
             text=True,
-            env=_clean_env(),
+            env=child_env,
             cwd=cwd or self.root,
             timeout=120,
         )
 
-    def run_json(self, code: str, *, python_args: Sequence[str] = ()) -> object:
+    def run_json(
+        self,
+        code: str,
+        *,
+        python_args: Sequence[str] = (),
+        env: Mapping[str, str | None] | None = None,
+    ) -> object:
         """Run ``code`` and parse the last line it prints as JSON; fail loudly otherwise."""
-        proc = self.run(code, python_args=python_args)
+        proc = self.run(code, python_args=python_args, env=env)
         if proc.returncode != 0 or not proc.stdout.strip():
             raise AssertionError(
                 f"child process failed (exit {proc.returncode})\n--- code ---\n{code}\n"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
+from .build import build_manager
+from .config import StackConfig, load_config
 from .errors import (
     ConfigError,
     DuplicateRegistrationError,
@@ -38,6 +40,9 @@ from .tier_factory import SecondaryTierFactory
 from .tiering import TieringOffloadingManager, TieringStats, TierStats
 
 __all__ = [
+    "build_manager",
+    "load_config",
+    "StackConfig",
     "BlockStatus",
     "CPUKVBuffer",
     "JobDirection",

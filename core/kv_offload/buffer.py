@@ -26,6 +26,18 @@ __all__ = ["CPUKVBuffer"]
 Slots = npt.ArrayLike
 
 _attach_lock = threading.Lock()
+# Closed shared buffers whose rows other arrays still view (see CPUKVBuffer.close).
+_still_mapped: list[shared_memory.SharedMemory] = []
+
+
+def _close_unviewed() -> None:
+    """Unmap the closed shared buffers nobody views any more."""
+    for shm in list(_still_mapped):
+        try:
+            shm.close()
+        except BufferError:
+            continue
+        _still_mapped.remove(shm)
 
 
 def _attach_shm(name: str) -> shared_memory.SharedMemory:
@@ -80,7 +92,13 @@ class CPUKVBuffer:
                 raise ConfigError("CPUKVBuffer: attaching (create=False) needs the shm_name")
             else:
                 self._shm = _attach_shm(shm_name)
-            array = np.ndarray((num_blocks, block_size_bytes), np.uint8, buffer=self._shm.buf)
+            # frombuffer holds a buffer export, so the mapping cannot be unmapped while any
+            # array derived from it (a tier's, a worker's) is alive; np.ndarray(buffer=...)
+            # holds none, and close() then left such arrays pointing at unmapped memory.
+            buf: memoryview = self._shm.buf  # type: ignore[assignment]  # None once closed
+            array = np.frombuffer(buf, np.uint8, count=self.nbytes).reshape(
+                num_blocks, block_size_bytes
+            )
         elif self.path is not None:
             fresh = create and not self.path.exists()
             array = np.memmap(
@@ -170,7 +188,11 @@ class CPUKVBuffer:
         return out
 
     def close(self) -> None:
-        """Release the mapping; the creator of a shared buffer also unlinks it."""
+        """Release the mapping; the creator of a shared buffer also unlinks it.
+
+        Arrays still viewing the rows (a tier's copy of :attr:`view`) stay valid: a shared
+        mapping is then unmapped once they are gone, not under them.
+        """
         array = self._array
         self._array = np.zeros((0, self.block_size_bytes), np.uint8)
         if isinstance(array, np.memmap):
@@ -178,9 +200,13 @@ class CPUKVBuffer:
         del array
         if self._shm is not None:
             shm, self._shm = self._shm, None
-            shm.close()
             if self._owner:
                 shm.unlink()
+            try:
+                shm.close()
+            except BufferError:
+                _still_mapped.append(shm)
+        _close_unviewed()
 
     def __enter__(self) -> CPUKVBuffer:
         return self

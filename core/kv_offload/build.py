@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import StackConfig, load_config
+from .config import StackConfig, load_config, tier_error
+from .errors import ConfigError
 from .hooks import KVOffloadPluginManager, create_plugin_manager
 from .manager import CPUOffloadingManager
 from .tier import OffloadingConfig, SecondaryTierManager
@@ -50,12 +51,15 @@ def build_manager(
     offloading = OffloadingConfig(stack.num_blocks, buffer.block_size_bytes)
     tiers: list[SecondaryTierManager] = []
     try:
-        for tier in stack.tiers:
-            tiers.append(
-                SecondaryTierFactory.create_secondary_tier(
-                    tier.as_factory_config(), buffer.view, offloading
+        for index, tier in enumerate(stack.tiers):
+            try:
+                tiers.append(
+                    SecondaryTierFactory.create_secondary_tier(
+                        tier.as_factory_config(), buffer.view, offloading
+                    )
                 )
-            )
+            except ConfigError as exc:  # e.g. an argument value the tier rejects
+                raise tier_error(stack, index, exc) from exc
     except BaseException:
         for built in tiers:
             built.shutdown()

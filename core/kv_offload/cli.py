@@ -1,14 +1,17 @@
 """The ``kv-offload`` command: list plugins, validate a config, replay and compare traces.
 
 Every failure a user can cause (missing file, malformed trace line, bad config, broken
-plugin) exits with status 2 and one line on stderr; ``--debug`` shows the traceback.
-Machine-readable output (``--json``) goes to stdout; progress bars go to stderr.
+plugin) exits with status 2 and one line on stderr; ``--debug`` (before or after the command)
+shows the traceback. An unexpected error exits with status 1, also in one line unless
+``--debug``. Machine-readable output (``--json``) goes to stdout; progress bars go to stderr
+(shown on a terminal; ``--progress`` forces them, ``--no-progress`` hides them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .build import build_manager
-from .config import DEFAULT_CONFIG, StackConfig, load_config
+from .config import DEFAULT_CONFIG, StackConfig, load_config, parse_config, resolve_config
 from .errors import KVOffloadError
 from .hooks import HOOK_ENTRY_POINT_GROUP
 from .plugins import ENTRY_POINT, PluginInfo
@@ -32,6 +35,19 @@ from .trace import read_trace
 __all__ = ["main"]
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 1
+
+#: The config argument that selects the embedded :data:`~kv_offload.config.DEFAULT_CONFIG`.
+DEFAULT_NAME = "default"
+
+
+def _load(config: str) -> StackConfig:
+    """A TOML config path, or ``default`` for the embedded config."""
+    if config == DEFAULT_NAME:  # a file of that name: pass ./default
+        stack = parse_config(DEFAULT_CONFIG, source="<default config>")
+        resolve_config(stack)
+        return stack
+    return load_config(config)
 
 
 def _hook_plugins() -> list[PluginInfo]:
@@ -94,23 +110,50 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _origin(kind: str, name: str) -> dict[str, Any]:
+    """Where a resolved plugin comes from: target, how it was found, distribution, version."""
+    registry = CachePolicyFactory.registry if kind == "policy" else SecondaryTierFactory.registry
+    info = next((i for i in registry.available() if i.name == name), None)
+    if info is None:  # resolved through module_path
+        return {"name": name, "kind": kind, "source": "module_path"}
+    return {k: v for k, v in asdict(info).items() if k != "error"}
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    stack = load_config(args.config)
-    if args.json:
-        print(json.dumps(stack.describe(), indent=2))
-        return 0
+    stack = _load(args.config)
     described = stack.describe()
+    described["plugins"] = [_origin("policy", stack.policy)] + [
+        _origin("tier", t.type) for t in stack.tiers
+    ]
+    if args.json:
+        print(json.dumps(described, indent=2))
+        return 0
     cpu = described["cpu"]
+    origins = {(o["kind"], o["name"]): o for o in described["plugins"]}
+
+    def origin(kind: str, name: str) -> str:
+        o = origins[(kind, name)]
+        dist = f", {o['distribution']} {o['version']}" if o.get("distribution") else ""
+        return f"{o.get('target', o['source'])}{dist}"
+
     print(f"{stack.source}: valid")
     size = f", {cpu['block_size_bytes']} bytes/block" if cpu["block_size_bytes"] else ""
-    print(f"  CPU tier: {cpu['num_blocks']} blocks{size}, policy {cpu['policy']!r}")
+    print(
+        f"  CPU tier: {cpu['num_blocks']} blocks{size}, policy {cpu['policy']!r} "
+        f"({origin('policy', stack.policy)})"
+    )
     for index, tier in enumerate(described["tiers"], start=1):
         extra = ", ".join(f"{k}={v!r}" for k, v in tier.items() if k != "type")
-        print(f"  tier {index}: {tier['type']!r}" + (f" ({extra})" if extra else ""))
+        print(
+            f"  tier {index}: {tier['type']!r} ({origin('tier', tier['type'])})"
+            + (f": {extra}" if extra else "")
+        )
     hooks = described["hooks"]
     print(
         f"  hooks: autoload={hooks['autoload']}, enable={hooks['enable']}, block={hooks['block']}"
     )
+    if not stack.allow_module_path:
+        print("  module_path imports: forbidden")
     return 0
 
 
@@ -118,7 +161,8 @@ def _requests(trace: Path, limit: int | None) -> list[tuple[ReqContext, list[Any
     return [(ReqContext(r.req_id), r.keys) for r in read_trace(trace, limit)]
 
 
-def _progress(total: int, enabled: bool, label: str) -> Any:
+def _progress(total: int, enabled: bool | None, label: str) -> Any:
+    """A progress bar on stderr; ``enabled=None`` shows it only when stderr is a terminal."""
     from tqdm import tqdm
 
     return tqdm(
@@ -126,7 +170,7 @@ def _progress(total: int, enabled: bool, label: str) -> Any:
         unit="blk",
         unit_scale=True,
         desc=label,
-        disable=None if enabled else True,  # None: only on a terminal
+        disable=None if enabled is None else not enabled,  # None: only on a terminal
         file=sys.stderr,
         leave=False,
     )
@@ -165,7 +209,10 @@ def _report(stack: StackConfig, manager: Any, result: ReplayResult) -> dict[str,
 
 
 def _run(
-    stack: StackConfig, requests: list[tuple[ReqContext, list[Any]]], show: bool, label: str
+    stack: StackConfig,
+    requests: list[tuple[ReqContext, list[Any]]],
+    show: bool | None,
+    label: str,
 ) -> dict[str, Any]:
     manager = build_manager(stack)
     total = sum(len(keys) for _, keys in requests)
@@ -180,12 +227,13 @@ def _run(
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    stack = load_config(args.config if args.config != "default" else DEFAULT_CONFIG)
+    stack = _load(args.config)
     requests = _requests(args.trace, args.limit)
-    report = _run(stack, requests, not args.no_progress, "replay")
+    report = _run(stack, requests, args.progress, "replay")
+    status = 0 if report["corrupted_blocks"] == 0 else 1
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0
+        return status
     print(
         f"config {report['config']}: policy {report['policy']!r}, {report['num_blocks']} CPU blocks"
     )
@@ -206,19 +254,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(
         f"throughput       {report['blocks_per_second']:,.0f} blocks/s ({report['seconds']:.2f} s)"
     )
-    return 0 if report["corrupted_blocks"] == 0 else 1
+    return status
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    requests = _requests(args.trace, args.limit)
-    policies = args.policy or ["lru", "arc"]
-    capacities = args.capacity or [5000, 20000]
-    rows = []
+    policies = list(dict.fromkeys(args.policy or ["lru", "arc"]))
+    capacities = list(dict.fromkeys(args.capacity or [5000, 20000]))
+    if args.plot:  # fail before replaying, not after
+        if not args.plot.parent.is_dir():
+            raise KVOffloadError(f"cannot write plot {str(args.plot)!r}: no such directory")
+        _pyplot()
+    # Every stack is validated before the first replay starts.
+    stacks = []
     for capacity in capacities:
         for policy in policies:
-            stack = load_config({"num_blocks": capacity, "policy": policy})
-            report = _run(stack, requests, not args.no_progress, f"{policy}@{capacity}")
-            rows.append(report)
+            stack = parse_config(
+                {"num_blocks": capacity, "policy": policy},
+                source=f"--policy {policy} --capacity {capacity}",
+            )
+            resolve_config(stack)
+            stacks.append(stack)
+    requests = _requests(args.trace, args.limit)
+    rows = [
+        _run(stack, requests, args.progress, f"{stack.policy}@{stack.num_blocks}")
+        for stack in stacks
+    ]
     if args.plot:
         _plot(rows, args.plot, args.trace)
     if args.json:
@@ -244,7 +304,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(rows: list[dict[str, Any]], path: Path, trace: Path) -> None:
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (the optional ``plot`` extra)."""
     try:
         import matplotlib
 
@@ -252,6 +313,11 @@ def _plot(rows: list[dict[str, Any]], path: Path, trace: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise KVOffloadError("--plot needs matplotlib: pip install 'kv-offload[plot]'") from None
+    return plt
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, trace: Path) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for policy in dict.fromkeys(r["policy"] for r in rows):
         points = sorted((r["num_blocks"], r["hit_ratio"]) for r in rows if r["policy"] == policy)
@@ -262,40 +328,85 @@ def _plot(rows: list[dict[str, Any]], path: Path, trace: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120, format="png")
+    except OSError as exc:
+        raise KVOffloadError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kv-offload", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    # --debug is accepted after the command too; SUPPRESS keeps it from resetting the above.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    progress = argparse.ArgumentParser(add_help=False)
+    shown = progress.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_const",
+        const=True,
+        default=None,
+        help="always show the progress bar on stderr (default: only on a terminal)",
+    )
+    shown.add_argument(
+        "--no-progress", dest="progress", action="store_const", const=False, help="never show it"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("plugins", help="list installed policy, tier and hook plugins")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "plugins", parents=[common], help="list installed policy, tier and hook plugins"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(func=cmd_plugins)
 
-    p = sub.add_parser("validate", help="validate a config and print the resolved stack")
-    p.add_argument("config", type=Path)
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser(
+        "validate", parents=[common], help="validate a config and print the resolved stack"
+    )
+    p.add_argument("config", help=f"a TOML config, or {DEFAULT_NAME!r} for the embedded one")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("replay", help="replay a Mooncake JSONL trace through a config's stack")
-    p.add_argument("config", help="a TOML config, or 'default' for the embedded one")
+    p = sub.add_parser(
+        "replay",
+        parents=[common, progress],
+        help="replay a Mooncake JSONL trace through a config's stack",
+    )
+    p.add_argument("config", help=f"a TOML config, or {DEFAULT_NAME!r} for the embedded one")
     p.add_argument("trace", type=Path)
-    p.add_argument("--limit", type=int, help="replay only the first N lines")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--limit", type=_positive_int, help="replay only the first N lines")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("compare", help="replay one trace across policies and capacities")
+    p = sub.add_parser(
+        "compare",
+        parents=[common, progress],
+        help="replay one trace across policies and capacities",
+    )
     p.add_argument("trace", type=Path)
-    p.add_argument("--policy", action="append")
-    p.add_argument("--capacity", type=int, action="append")
-    p.add_argument("--limit", type=int)
+    p.add_argument("--policy", action="append", help="policy name (repeatable; lru, arc)")
+    p.add_argument(
+        "--capacity",
+        type=_positive_int,
+        action="append",
+        help="CPU tier size in blocks (repeatable; 5000, 20000)",
+    )
+    p.add_argument("--limit", type=_positive_int, help="replay only the first N lines")
     p.add_argument("--plot", type=Path, help="write a PNG of hit ratio vs capacity")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(func=cmd_compare)
     return parser
 
@@ -305,13 +416,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except KVOffloadError as exc:
+    except (KVOffloadError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):  # `kv-offload ... | head`: not an error
+            _silence_stdout()
+            return 0
         if args.debug:
             traceback.print_exc()
-        print(f"kv-offload {args.command}: error: {exc}", file=sys.stderr)
+        message = str(exc) if isinstance(exc, KVOffloadError) else _os_error(exc)
+        print(f"kv-offload {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug, or a plugin's: still one line unless --debug
+        if args.debug:
+            traceback.print_exc()
+        print(
+            f"kv-offload {args.command}: internal error: {type(exc).__name__}: {exc} "
+            "(run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def _os_error(exc: OSError) -> str:
+    where = f" {str(exc.filename)!r}" if exc.filename is not None else ""
+    return f"{exc.strerror or exc}{':' if where else ''}{where}"
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at devnull so the interpreter's final flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -36,10 +36,13 @@ import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, KVOffloadError
+from .errors import ConfigError, KVOffloadError, PluginNotFoundError
+from .hooks import HOOK_ENTRY_POINT_GROUP
+from .plugins import PluginInfo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -125,8 +128,20 @@ class StackConfig:
         }
 
 
+#: One part of a TOML key: bare, "double-quoted" or 'single-quoted'.
+_KEY_PART = r"[A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*'"
+
+
 class _Locator:
-    """Finds the line of a key in TOML text, so errors can say ``file:line``."""
+    """Finds the line of a key in TOML text, so errors can say ``file:line``.
+
+    Understands what configs use: ``[table]`` and ``[[tiers]]`` headers (comments after them
+    included), ``key = value`` and dotted ``table.key = value`` lines.
+    """
+
+    _HEADER = re.compile(r"^(\[\[?)([^\]]+)\]\]?\s*(?:#.*)?$")
+    _KEY = re.compile(rf"^((?:{_KEY_PART})(?:\s*\.\s*(?:{_KEY_PART}))*)\s*=")
+    _PART = re.compile(_KEY_PART)
 
     def __init__(self, source: str, text: str | None) -> None:
         self.source = source
@@ -136,36 +151,39 @@ class _Locator:
         line = self._line(path)
         return f"{self.source}:{line}" if line else self.source
 
+    @classmethod
+    def _parts(cls, dotted: str) -> tuple[str, ...]:
+        return tuple(part.strip("\"'") for part in cls._PART.findall(dotted))
+
     def _line(self, path: tuple[str | int, ...]) -> int | None:
         if not self.lines or not path:
             return None
         table: tuple[str | int, ...] = ()
-        tier_index = -1
-        target_table = path[:-1] if len(path) > 1 else ()
-        key = path[-1]
+        array_index: dict[tuple[str, ...], int] = {}
         first_match = None
         for number, raw in enumerate(self.lines, start=1):
             line = raw.strip()
-            if line.startswith("[["):
-                name = line.strip("[] ")
-                if name == "tiers":
-                    tier_index += 1
-                    table = ("tiers", tier_index)
+            if not line or line.startswith("#"):
+                continue
+            header = self._HEADER.match(line) if line.startswith("[") else None
+            if header:
+                name = self._parts(header.group(2))
+                if header.group(1) == "[[":
+                    array_index[name] = array_index.get(name, -1) + 1
+                    table = (*name, array_index[name])
                 else:
-                    table = (name,)
+                    table = name
                 if table == path:
                     return number
                 continue
-            if line.startswith("["):
-                table = (line.strip("[] "),)
-                if table == path:
-                    return number
+            match = self._KEY.match(line)
+            if match is None:
                 continue
-            match = re.match(r"([A-Za-z0-9_\-\"']+)\s*=", line)
-            if match and isinstance(key, str) and match.group(1).strip("\"'") == key:
-                if table == target_table:
-                    return number
-                first_match = first_match or number
+            full = (*table, *self._parts(match.group(1)))
+            if full == path:
+                return number
+            if first_match is None and full[-1] == path[-1]:
+                first_match = number
         return first_match
 
 
@@ -181,9 +199,11 @@ class _Validator:
     def __init__(self, locator: _Locator) -> None:
         self.loc = locator
 
-    def fail(self, path: tuple[str | int, ...], message: str) -> ConfigError:
+    def fail(self, path: _Path, message: str, at: _Path | None = None) -> ConfigError:
+        """An error naming the key ``path``, located at ``path`` (or at ``at``: for a key that
+        is missing from the file, the line that needs it)."""
         dotted = ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[")
-        return ConfigError(f"{self.loc.where(path)}: {dotted}: {message}")
+        return ConfigError(f"{self.loc.where(at or path)}: {dotted}: {message}")
 
     def unknown(self, data: Mapping[str, Any], known: set[str], prefix: _Path) -> None:
         for key in data:
@@ -269,7 +289,7 @@ def parse_config(
     tiers_data = data.get("tiers", [])
     if not isinstance(tiers_data, list):
         raise v.fail(("tiers",), "must be a list of tables ([[tiers]] in TOML)")
-    tiers = []
+    tiers: list[TierConfig] = []
     for index, tier in enumerate(tiers_data):
         prefix: tuple[str | int, ...] = ("tiers", index)
         if not isinstance(tier, Mapping):
@@ -277,12 +297,21 @@ def parse_config(
         tier_type = v.string(tier, "type", prefix)
         if tier_type is None:
             raise v.fail(prefix, "needs a 'type' naming a tier plugin (e.g. type = \"example\")")
+        earlier = next((i for i, t in enumerate(tiers) if t.type == tier_type), None)
+        if earlier is not None:
+            raise v.fail(
+                (*prefix, "type"),
+                f"tier {tier_type!r} is already tiers[{earlier}]; tiers are named by their "
+                "type, so each type can appear once",
+            )
         module_path = v.string(tier, "module_path", prefix)
         arguments = {k: val for k, val in tier.items() if k not in ("type", "module_path")}
         tiers.append(TierConfig(tier_type, module_path, arguments))
     if tiers and block_size is None:
         raise v.fail(
-            ("block_size_bytes",), "is required when tiers are configured (tiers copy real bytes)"
+            ("block_size_bytes",),
+            "is required when tiers are configured (tiers copy real bytes)",
+            at=("tiers", 0),
         )
     if not allow_module_path:
         if policy_module_path is not None:
@@ -321,10 +350,15 @@ def load_config(config: Mapping[str, Any] | str | Path | StackConfig) -> StackCo
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a UTF-8 text file (TOML): {exc.reason}") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+            # tomllib says "... (at line 3, column 9)"; say it the way every other error does.
+            found = re.search(r"at line (\d+)", str(exc))
+            where = f"{path}:{found.group(1)}" if found else str(path)
+            raise ConfigError(f"{where}: invalid TOML: {exc}") from None
         parsed = parse_config(data, str(path), text)
     else:
         parsed = parse_config(config)
@@ -342,21 +376,60 @@ def resolve_config(config: StackConfig) -> None:
     try:
         CachePolicyFactory.get_cache_policy_cls(config.policy, config.policy_module_path)
     except KVOffloadError as exc:
-        raise v.fail(("policy",), str(exc)) from exc
+        message = _not_found_hint(exc, CachePolicyFactory.available_policies())
+        # In a config the policy's module_path key is called policy_module_path.
+        message = message.replace("set cache_policy_module_path ", "set policy_module_path ")
+        raise v.fail(("policy",), message) from exc
     for index, tier in enumerate(config.tiers):
         try:
             tier_cls = SecondaryTierFactory.get_tier_class(tier.as_factory_config())
         except KVOffloadError as exc:
-            raise v.fail(("tiers", index, "type"), str(exc)) from exc
+            message = _not_found_hint(exc, SecondaryTierFactory.available_tiers())
+            raise v.fail(("tiers", index, "type"), message) from exc
         try:
             check_tier_arguments(tier.type, tier_cls, tier.arguments)
         except ConfigError as exc:
             bad = next((k for k in tier.arguments if repr(k) in str(exc)), "type")
             raise v.fail(("tiers", index, bad), str(exc)) from exc
+    if config.hooks.enable:
+        installed = {ep.name for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}
+        for name in config.hooks.enable:
+            if name not in installed:
+                raise v.fail(
+                    ("hooks", "enable"),
+                    f"no hook plugin {name!r} is installed{_did_you_mean(name, installed)} "
+                    f"(installed: {', '.join(sorted(installed)) or 'none'}; "
+                    "see `kv-offload plugins`)",
+                )
+
+
+def tier_error(config: StackConfig, index: int, exc: Exception) -> ConfigError:
+    """A tier constructor's rejection of its arguments, located like a validation error (the
+    tier's key it names, else its ``[[tiers]]`` table)."""
+    v = _Validator(_Locator(config.source, _read_text(config.source)))
+    arguments = config.tiers[index].arguments
+    bad = next((k for k in arguments if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
+    path: _Path = ("tiers", index, bad) if bad is not None else ("tiers", index)
+    return v.fail(path, str(exc))
+
+
+def _not_found_hint(exc: KVOffloadError, available: list[PluginInfo]) -> str:
+    """``exc``'s message, plus "did you mean" when it is an unknown name close to one."""
+    message = str(exc)
+    if not isinstance(exc, PluginNotFoundError) or not exc.plugin:
+        return message
+    close = difflib.get_close_matches(exc.plugin, sorted({i.name for i in available}), n=1)
+    if not close:
+        return message
+    head, sep, rest = message.partition("; ")
+    return f"{head} (did you mean {close[0]!r}?){sep}{rest}"
 
 
 def _read_text(source: str) -> str | None:
     path = Path(source)
     if source.startswith("<") or not path.is_file():
         return None
-    return path.read_text(encoding="utf-8")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None

@@ -183,15 +183,26 @@ def register_if_hookimpl(pm: KVOffloadPluginManager, plugin: Any) -> list[Any]:
 
 
 def _plugin_of(pm: pluggy.PluginManager, caller: Any, exc: BaseException) -> str:
-    """The name of the plugin whose hookimpl raised ``exc`` (found in its traceback)."""
-    codes = set()
+    """The name of the plugin whose hookimpl raised ``exc`` (found in its traceback).
+
+    Instances of one class share their methods' code, so a method's frame must also have the
+    plugin instance as its first argument.
+    """
+    frames = []
     tb = exc.__traceback__
     while tb is not None:
-        codes.add(tb.tb_frame.f_code)
+        frames.append(tb.tb_frame)
         tb = tb.tb_next
     for impl in caller.get_hookimpls():
-        if getattr(impl.function, "__code__", None) in codes:
-            return str(impl.plugin_name)
+        code = getattr(impl.function, "__code__", None)
+        owner = getattr(impl.function, "__self__", None)
+        for frame in frames:
+            if frame.f_code is not code:
+                continue
+            if owner is None or (
+                code.co_argcount and frame.f_locals.get(code.co_varnames[0]) is owner
+            ):
+                return str(impl.plugin_name)
     return "<unknown plugin>"
 
 

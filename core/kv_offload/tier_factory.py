@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, KVOffloadError, PluginError
 from .plugins import PluginInfo, PluginRegistry
 from .tier import OffloadingConfig, SecondaryTierManager
 
@@ -75,7 +75,17 @@ class SecondaryTierFactory:
         tier_cls = cls.get_tier_class(config)
         arguments = {k: v for k, v in config.items() if k not in ("type", "module_path")}
         check_tier_arguments(tier_type, tier_cls, arguments)
-        return tier_cls(offloading_config, primary_kv_view, tier_type, **arguments)
+        try:
+            return tier_cls(offloading_config, primary_kv_view, tier_type, **arguments)
+        except KVOffloadError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"tier {tier_type!r} ({tier_cls.__module__}.{tier_cls.__qualname__}) failed to "
+                f"initialise: {type(exc).__name__}: {exc}",
+                kind="tier",
+                plugin=tier_type,
+            ) from exc
 
 
 def check_tier_arguments(

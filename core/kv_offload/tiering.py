@@ -171,15 +171,28 @@ class TieringOffloadingManager:
     def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         stats = self._tier_stats[index]
         stats.lookup_hits += 1
-        out = self.primary.prepare_store([key], ctx, protected=self._found.get(ctx.req_id, ()))
-        if out is None or not out.keys_to_store:
-            stats.refused_promotions += 1
-            return _MISS
+        error: HookError | None = None
+        try:
+            out = self.primary.prepare_store([key], ctx, protected=self._found.get(ctx.req_id, ()))
+        except HookError as exc:
+            # A store-admission hook raises before anything changed. An eviction hook raises
+            # after the slot was reserved: queue the promotion as usual, then report.
+            reserved = self.primary.block_id(key)
+            if reserved is None:
+                raise
+            error, slot = exc, reserved
+        else:
+            if out is None or not out.keys_to_store:
+                stats.refused_promotions += 1
+                return _MISS
+            slot = int(out.store_spec.block_ids[0])
         self._promoting.add(key)
-        slot = int(out.store_spec.block_ids[0])
         _, keys, slots = self._queued.setdefault((index, ctx.req_id), (ctx, [], []))
         keys.append(key)
         slots.append(slot)
+        if error is not None:
+            self._found.setdefault(ctx.req_id, set()).add(key)
+            raise error
         return _PENDING
 
     def on_schedule_end(self) -> None:
@@ -317,14 +330,19 @@ class TieringOffloadingManager:
                 key=key,
                 operation="complete_store",
             )
-        self.primary.complete_store(key_list, req_context, success)
-        if not success or not key_list:
-            return
-        for index in range(len(self.tiers)):
-            slots = self.primary.pin(key_list, req_context, "cascade")
-            self._submit(
-                index, JobDirection.STORE, key_list, np.asarray(slots, np.int64), req_context
-            )
+        error: HookError | None = None
+        try:
+            self.primary.complete_store(key_list, req_context, success)
+        except HookError as exc:  # the CPU store is done: cascade it, then report
+            error = exc
+        if success and key_list:
+            for index in range(len(self.tiers)):
+                slots = self.primary.pin(key_list, req_context, "cascade")
+                self._submit(
+                    index, JobDirection.STORE, key_list, np.asarray(slots, np.int64), req_context
+                )
+        if error is not None:
+            raise error
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -373,7 +391,10 @@ class TieringOffloadingManager:
         """Drain tier jobs, then empty the CPU tier. Secondary tiers keep their blocks: they
         may be shared with other engines."""
         self._drain()
-        self.primary.reset_cache()
+        try:
+            self.primary.reset_cache()
+        except HookError as exc:  # the CPU tier is empty: finish the reset, then report
+            self._deferred.append(exc)
         self._promoting.clear()
         self._found.clear()
         self._tier_stats = [TierStats(s.name) for s in self._tier_stats]

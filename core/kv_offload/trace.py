@@ -33,16 +33,18 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequ
     """
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"trace file {str(path)!r} does not exist")
+        what = "is not a file" if path.exists() else "does not exist"
+        raise TraceError(f"trace file {str(path)!r} {what}")
     key_cache: dict[int, OffloadKey] = {}
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    # Binary, decoded per line: a line that is not UTF-8 is a malformed line with a number.
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
             if limit is not None and lineno > limit:
                 return
-            if not line.strip():
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(raw.decode("utf-8"))
                 hash_ids = record["hash_ids"]
                 if not isinstance(hash_ids, list) or not all(
                     isinstance(h, int) and not isinstance(h, bool) for h in hash_ids

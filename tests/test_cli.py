@@ -1,0 +1,391 @@
+"""The ``kv-offload`` command, run for real: the installed console script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+from _dists import DistSpec, _clean_env
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "data" / "conversation_trace.jsonl"
+
+
+def _script() -> str | None:
+    """The console script of the interpreter running the tests, else the one on PATH."""
+    name = "kv-offload.exe" if os.name == "nt" else "kv-offload"
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.is_file() else shutil.which("kv-offload")
+
+
+SCRIPT = _script()
+pytestmark = pytest.mark.skipif(SCRIPT is None, reason="no kv-offload console script installed")
+
+
+def _env(pythonpath: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in _clean_env().items() if not k.startswith("KV_OFFLOAD_")}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return env
+
+
+def kvo(*args: str | Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``kv-offload ARGS`` and wait for it."""
+    (proc,) = kvo_many(list(args), pythonpath=pythonpath)
+    return proc
+
+
+def kvo_many(
+    *commands: list[str | Path], pythonpath: Path | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run several ``kv-offload`` commands at once (each pays the interpreter's start-up)."""
+    assert SCRIPT is not None
+    children = [
+        (
+            argv,
+            subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(pythonpath),
+            ),
+        )
+        for argv in ([SCRIPT, *map(str, command)] for command in commands)
+    ]
+    results = []
+    for argv, child in children:
+        with child:
+            stdout, stderr = child.communicate(timeout=300)
+        results.append(subprocess.CompletedProcess(argv, child.returncode, stdout, stderr))
+    return results
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """Exit status 2, nothing on stdout, exactly one line on stderr, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+# -- plugins ---------------------------------------------------------------------------------
+
+
+def test_plugins_json_lists_builtins_with_distribution_and_version() -> None:
+    proc = kvo("plugins", "--json")
+    assert proc.returncode == 0, proc.stderr
+    infos = {(p["kind"], p["name"]): p for p in json.loads(proc.stdout)}
+    expected = {
+        ("policy", "lru"): "kv-offload-lru",
+        ("policy", "arc"): "kv-offload-arc",
+        ("tier", "example"): "kv-offload-example-tier",
+    }
+    for key, dist in expected.items():
+        info = infos[key]
+        assert info["distribution"] == dist
+        assert info["version"]
+        assert info["source"] == "entry point"
+        assert info["error"] is None
+
+
+def test_plugins_table() -> None:
+    proc = kvo("plugins")
+    assert proc.returncode == 0, proc.stderr
+    header, rule, *rows = proc.stdout.splitlines()
+    assert header.split() == ["name", "kind", "distribution", "version", "found", "via", "status"]
+    assert set(rule) <= {"-", " "}
+    lru = next(row.split() for row in rows if row.startswith("lru "))
+    assert lru[:3] == ["lru", "policy", "kv-offload-lru"]
+    assert lru[-1] == "ok"
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with a policy and a hook plugin that fail to import, really pip-installed
+    (``pip install --target``); put it on PYTHONPATH to make them visible."""
+    tmp = tmp_path_factory.mktemp("broken")
+    spec = DistSpec(
+        name="kv-offload-broken",
+        version="6.6.6",
+        files={
+            "kv_offload_broken.py": "raise ImportError('this plugin is broken on purpose')\n",
+        },
+        entry_points={
+            "kv_offload.policies": {"broken": "kv_offload_broken:BrokenPolicy"},
+            "kv_offload.hooks": {"broken-hook": "kv_offload_broken"},
+        },
+    )
+    wheel = spec.build_wheel(tmp / "wheels")
+    target = tmp / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
+    subprocess.run(
+        [*pip, "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        env=_clean_env(),
+    )
+    assert (target / "kv_offload_broken-6.6.6.dist-info" / "entry_points.txt").is_file()
+    return target
+
+
+def test_broken_plugins_are_listed_with_their_error(broken_site: Path) -> None:
+    proc, table = kvo_many(["plugins", "--json"], ["plugins"], pythonpath=broken_site)
+    assert proc.returncode == 0, proc.stderr
+    infos = {(p["kind"], p["name"]): p for p in json.loads(proc.stdout)}
+    for key in (("policy", "broken"), ("hook", "broken-hook")):
+        info = infos[key]
+        assert info["distribution"] == "kv-offload-broken"
+        assert info["version"] == "6.6.6"
+        assert "broken on purpose" in info["error"]
+    assert infos[("policy", "lru")]["error"] is None  # the others still load
+
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if line.startswith("broken "))
+    assert "BROKEN" in row and "broken on purpose" in row
+
+
+def test_selecting_a_broken_policy_is_one_clear_error(broken_site: Path, tmp_path: Path) -> None:
+    config = tmp_path / "broken.toml"
+    config.write_text('num_blocks = 10\npolicy = "broken"\n\n[hooks]\nblock = ["broken-hook"]\n')
+    proc = kvo("validate", config, pythonpath=broken_site)
+    assert_one_line_error(proc, f"{config}:2", "policy", "'broken'", "kv-offload-broken 6.6.6")
+
+
+# -- validate --------------------------------------------------------------------------------
+
+
+def test_validate_default_prints_the_resolved_stack() -> None:
+    proc = kvo("validate", "default")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "valid" in out.splitlines()[0]
+    assert "5000 blocks" in out and "'lru'" in out and "kv-offload-lru" in out
+    assert "tier 1: 'example'" in out and "kv-offload-example-tier" in out
+    assert "capacity_blocks=20000" in out
+
+
+def test_validate_json(tmp_path: Path) -> None:
+    config = tmp_path / "stack.toml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            cpu_bytes = 8192
+            block_size_bytes = 1024
+            policy = "arc"
+
+            [[tiers]]
+            type = "example"
+            capacity_blocks = 32
+            """
+        )
+    )
+    proc = kvo("validate", config, "--json")
+    assert proc.returncode == 0, proc.stderr
+    described = json.loads(proc.stdout)
+    assert described["source"] == str(config)
+    assert described["cpu"]["num_blocks"] == 8
+    assert described["cpu"]["policy"] == "arc"
+    assert described["tiers"] == [{"type": "example", "capacity_blocks": 32}]
+    plugins = {(p["kind"], p["name"]): p for p in described["plugins"]}
+    assert plugins[("policy", "arc")]["distribution"] == "kv-offload-arc"
+    assert plugins[("tier", "example")]["distribution"] == "kv-offload-example-tier"
+
+
+def test_bad_config_is_one_line_unless_debug(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('num_blocks = 100\n\n[hooks]\nenabel = ["x"]\n')
+    plain, before, after = kvo_many(
+        ["validate", config], ["--debug", "validate", config], ["validate", config, "--debug"]
+    )
+    assert_one_line_error(plain, f"{config}:4", "hooks.enabel", "did you mean 'enable'")
+    for debug in (before, after):  # --debug works before and after the command
+        assert debug.returncode == 2
+        assert "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+        assert debug.stderr.strip().splitlines()[-1].startswith("kv-offload validate: error:")
+
+
+# -- replay ----------------------------------------------------------------------------------
+
+
+def test_replay_default_json_with_progress_on_stderr() -> None:
+    proc = kvo("replay", "default", TRACE, "--limit", "300", "--json", "--progress")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # the progress bar did not leak into stdout
+    assert "replay" in proc.stderr and "blk" in proc.stderr  # ... it went to stderr
+    assert report["requests"] == 300
+    assert report["corrupted_blocks"] == 0
+    assert report["verified_blocks"] > 0
+    by_tier = report["hit_ratio_by_tier"]
+    assert set(by_tier) == {"CPU", "example"}
+    assert by_tier["example"] > 0  # promotions from the example tier happened
+    assert sum(by_tier.values()) == pytest.approx(report["hit_ratio"])
+    assert report["promotions"] > 0
+    assert report["evictions"] > 0
+    assert report["bytes_moved"]["to_tiers"] > 0
+    assert report["bytes_moved"]["from_tiers"] == report["promotions"] * 4096
+    assert report["blocks_per_second"] > 0
+
+
+def test_replay_text_report() -> None:
+    proc = kvo("replay", "default", TRACE, "--limit", "200")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for fragment in (
+        "policy 'lru', 5000 CPU blocks",
+        "200 requests",
+        "hit ratio",
+        "from CPU",
+        "from example",
+        "evictions",
+        "promotions",
+        "bytes moved",
+        "0 corrupted",
+        "blocks/s",
+    ):
+        assert fragment in out, fragment
+    assert proc.stderr == ""  # no terminal, no --progress: no progress bar
+
+
+def _bare_lru_hit_ratio(trace: Path, capacity: int) -> float:
+    """The reference: the same request flow on one OrderedDict, straight from the JSONL."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits_total = blocks = 0
+    with trace.open() as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            ids = json.loads(line)["hash_ids"]
+            hits = 0
+            for block in ids:
+                if block not in cache:
+                    break
+                hits += 1
+            for block in reversed(ids[:hits]):  # the first block of a prefix most recent
+                cache.move_to_end(block)
+            for block in ids[hits:]:
+                if block not in cache:
+                    if len(cache) >= capacity:
+                        cache.popitem(last=False)
+                    cache[block] = None
+            hits_total += hits
+            blocks += len(ids)
+    return hits_total / blocks
+
+
+def test_replay_lru_matches_a_bare_dict_lru(tmp_path: Path) -> None:
+    config = tmp_path / "cpu-only.toml"
+    config.write_text('num_blocks = 5000\npolicy = "lru"\n')
+    assert SCRIPT is not None
+    # Replay in the child while the reference runs here.
+    with subprocess.Popen(
+        [SCRIPT, "replay", str(config), str(TRACE), "--json", "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    ) as child:
+        expected = _bare_lru_hit_ratio(TRACE, 5000)
+        stdout, stderr = child.communicate(timeout=300)
+    assert child.returncode == 0, stderr
+    report = json.loads(stdout)
+    assert report["blocks"] == 288_500
+    assert report["hit_ratio"] == pytest.approx(expected, abs=0.005)
+    assert report["hit_ratio_by_tier"] == {"CPU": report["hit_ratio"]}
+
+
+# -- compare ---------------------------------------------------------------------------------
+
+
+def _has_matplotlib() -> bool:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import matplotlib"], capture_output=True, env=_env()
+    )
+    return probe.returncode == 0
+
+
+COMPARE = [
+    "compare", TRACE, "--policy", "lru", "--policy", "arc",
+    "--capacity", "500", "--capacity", "2000", "--limit", "400",
+]  # fmt: skip
+COMBINATIONS = [("lru", 500), ("arc", 500), ("lru", 2000), ("arc", 2000)]
+
+
+def test_compare_table_json_and_plot(tmp_path: Path) -> None:
+    plot = tmp_path / "hit-ratio.png"
+    with_plot = _has_matplotlib()
+    table, as_json = kvo_many(
+        [*COMPARE, *(["--plot", plot] if with_plot else [])],
+        [*COMPARE, "--json", "--progress"],
+    )
+    assert table.returncode == 0, table.stderr
+    header, _, *rows = table.stdout.strip().splitlines()
+    assert header.split()[:3] == ["policy", "CPU", "blocks"]
+    cells = [row.split() for row in rows if not row.startswith("plot written")]
+    assert [(c[0], int(c[1])) for c in cells] == COMBINATIONS
+    ratios = {(c[0], int(c[1])): float(c[2]) for c in cells}
+    for policy in ("lru", "arc"):
+        assert ratios[(policy, 2000)] >= ratios[(policy, 500)] > 0
+
+    assert as_json.returncode == 0, as_json.stderr
+    reports = json.loads(as_json.stdout)  # progress bars went to stderr
+    assert "blk" in as_json.stderr
+    assert [(r["policy"], r["num_blocks"]) for r in reports] == COMBINATIONS
+    assert all(r["requests"] == 400 for r in reports)
+    assert [round(r["hit_ratio"], 4) for r in reports] == [ratios[c] for c in COMBINATIONS]
+
+    if not with_plot:
+        pytest.skip("matplotlib is not installed: the --plot part is skipped")
+    assert f"plot written to {plot}" in table.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot.stat().st_size > 1000
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
+    truncated = tmp_path / "truncated.jsonl"
+    truncated.write_text('{"hash_ids": [1, 2]}\n\n{"hash_ids": [1, 2, 3]}\n{"hash_ids": [1,\n')
+    wrong_type = tmp_path / "wrong-type.jsonl"
+    wrong_type.write_text('{"hash_ids": [1, 2]}\n{"hash_ids": "12"}\n')
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"hash_ids": [1]}\n\xff\xfe\n')
+    first, second, third, debug = kvo_many(
+        ["replay", "default", truncated],
+        ["compare", wrong_type, "--no-progress"],
+        ["replay", "default", binary],
+        ["--debug", "replay", "default", binary],
+    )
+    assert_one_line_error(first, f"{truncated}:4", "malformed trace line")
+    assert_one_line_error(second, f"{wrong_type}:2", "hash_ids")
+    assert_one_line_error(third, f"{binary}:2", "malformed trace line")
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_missing_files_and_bad_arguments(tmp_path: Path) -> None:
+    missing_trace = tmp_path / "nope.jsonl"
+    missing_config = tmp_path / "nope.toml"
+    trace, config, policy, plot, limit = kvo_many(
+        ["replay", "default", missing_trace],
+        ["replay", missing_config, TRACE],
+        ["compare", TRACE, "--policy", "lur", "--capacity", "100"],
+        ["compare", TRACE, "--limit", "10", "--plot", tmp_path / "no" / "dir" / "x.png"],
+        ["replay", "default", TRACE, "--limit", "0"],
+    )
+    assert_one_line_error(trace, "kv-offload replay: error:", str(missing_trace), "does not exist")
+    assert_one_line_error(config, "cannot read config file", str(missing_config))
+    assert_one_line_error(policy, "unknown policy 'lur'", "did you mean 'lru'")
+    assert_one_line_error(plot, "cannot write plot")
+    assert limit.returncode == 2 and "--limit: must be > 0" in limit.stderr
