@@ -37,7 +37,7 @@ def tests(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install(RUFF)
     session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", "core", "plugins")
+    session.run("ruff", "format", "--check", ".")
 
 
 @nox.session
@@ -45,12 +45,18 @@ def typecheck(session: nox.Session) -> None:
     install_stack(session)
     session.install(MYPY)
     session.run("mypy", "core/kv_offload", *(f"{p}/src" for p in PLUGINS))
+    for example in sorted((ROOT / "examples").iterdir()):
+        session.run("mypy", "--strict", str(example.relative_to(ROOT)))
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
+    """Every benchmark; each reports ratios against a baseline measured in the same run."""
     install_stack(session)
     session.run("python", "benchmarks/replay.py", *session.posargs)
+    session.run("python", "benchmarks/dataplane.py")
+    session.run("python", "benchmarks/hooks_overhead.py")
+    session.run("python", "benchmarks/vllm_side_by_side.py")
 
 
 @nox.session
