@@ -90,5 +90,9 @@ class PluginValidationError(PluginError):
 
 
 class HookError(PluginError):
-    """A hook plugin raised. For event hooks the manager call had already taken effect; for
-    decision hooks it had not started. ``plugin`` names the culprit; the cause is chained."""
+    """A hook plugin raised. For event hooks the manager call had already taken effect (and
+    ``result`` holds what it returned, e.g. the ``PrepareStoreOutput`` whose slots the caller
+    must still complete); for decision hooks it had not started. ``plugin`` names the
+    culprit; the cause is chained."""
+
+    result: object = None

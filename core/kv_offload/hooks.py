@@ -206,10 +206,59 @@ def _plugin_of(pm: pluggy.PluginManager, caller: Any, exc: BaseException) -> str
     return "<unknown plugin>"
 
 
+def _hook_error(pm: pluggy.PluginManager, caller: Any, exc: Exception) -> HookError:
+    plugin = _plugin_of(pm, caller, exc)
+    return HookError(
+        f"hook plugin {plugin!r} raised in {caller.name}: {type(exc).__name__}: {exc}",
+        kind="hook",
+        plugin=plugin,
+    )
+
+
+def _dispatcher(pm: pluggy.PluginManager, caller: Any) -> Any:
+    """A function that runs every hookimpl of ``caller`` and turns a plugin's exception into
+    :class:`HookError` naming it; compiled whenever the plugin set changes.
+
+    It calls the impls directly, in pluggy's order and with pluggy's semantics (each impl gets
+    only the arguments it names; ``firstresult`` stops at the first non-``None``). pluggy's
+    generic ``HookCaller.__call__`` re-checks and repacks arguments and runs a general loop on
+    every event, about ten times the cost of the plugin call itself, and events fire several
+    times per request. Wrappers (``hookwrapper``/``wrapper``) need pluggy's loop, so a hook
+    with one keeps pluggy's caller inside the error handling.
+    """
+    impls = caller.get_hookimpls()
+    argnames = ", ".join(caller.spec.argnames)
+    namespace: dict[str, Any] = {"_caller": caller, "_error": _hook_error, "_pm": pm}
+    lines = [f"def dispatch(*, {argnames}):", "    try:"]
+    if any(impl.hookwrapper or getattr(impl, "wrapper", False) for impl in impls):
+        keywords = ", ".join(f"{name}={name}" for name in caller.spec.argnames)
+        lines.append(f"        return _caller({keywords})")
+    else:
+        firstresult = bool(caller.spec.opts.get("firstresult"))
+        for index, impl in enumerate(reversed(impls)):  # pluggy calls the last registered first
+            namespace[f"_impl{index}"] = impl.function
+            call = f"_impl{index}({', '.join(impl.argnames)})"
+            if firstresult:
+                lines += [
+                    f"        result = {call}",
+                    "        if result is not None:",
+                    "            return result",
+                ]
+            else:
+                lines.append(f"        {call}")
+        lines.append("        return None")
+    lines += ["    except Exception as exc:", "        raise _error(_pm, _caller, exc) from exc"]
+    exec("\n".join(lines), namespace)  # the source is built from identifiers only
+    dispatch = namespace["dispatch"]
+    dispatch.caller = caller
+    return dispatch
+
+
 class HookCallers:
-    """One manager's view of the hooks: ``callers.blocks_stored`` is the hook caller when a
-    plugin implements ``kv_offload_blocks_stored``, else ``None``. Managers test for ``None``
-    on the hot path, so hooks nobody implements cost one attribute read."""
+    """One manager's view of the hooks: ``callers.blocks_stored`` is a function firing
+    ``kv_offload_blocks_stored`` (keyword arguments; raises :class:`HookError`) when a plugin
+    implements it, else ``None``. Managers test for ``None`` on the hot path, so hooks nobody
+    implements cost one attribute read."""
 
     request_started: Any
     request_finished: Any
@@ -231,16 +280,5 @@ class HookCallers:
         hook = self.plugin_manager.hook
         for name in HOOK_NAMES:
             caller = getattr(hook, "kv_offload_" + name)
-            setattr(self, name, caller if caller.get_hookimpls() else None)
-
-    def call(self, caller: Any, **kwargs: Any) -> Any:
-        """Run a hook; a plugin's exception comes back as :class:`HookError` naming it."""
-        try:
-            return caller(**kwargs)
-        except Exception as exc:
-            plugin = _plugin_of(self.plugin_manager, caller, exc)
-            raise HookError(
-                f"hook plugin {plugin!r} raised in {caller.name}: {type(exc).__name__}: {exc}",
-                kind="hook",
-                plugin=plugin,
-            ) from exc
+            dispatch = _dispatcher(self.plugin_manager, caller) if caller.get_hookimpls() else None
+            setattr(self, name, dispatch)

@@ -10,7 +10,10 @@ effect at all.
 
 Arguments common to most hooks: ``manager`` (the manager firing the hook: a
 ``CPUOffloadingManager`` or ``TieringOffloadingManager``), ``req_context``, ``keys`` (a list,
-in the caller's order) and ``medium`` (``"CPU"`` or a secondary tier's name).
+in the caller's order) and ``medium`` (``"CPU"`` or a secondary tier's name). Behind a
+``TieringOffloadingManager`` the CPU tier fires the CPU events itself (``manager`` is its
+``CPUOffloadingManager``, also for calls made on the tiered manager); the tiered manager fires
+the events of secondary tiers.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ def kv_offload_request_finished(manager: Any, req_context: ReqContext) -> None:
 def kv_offload_blocks_stored(
     manager: Any, keys: list[OffloadKey], medium: str, req_context: ReqContext
 ) -> None:
-    """Blocks became loadable in ``medium``: a successful ``complete_store`` (``"CPU"``), or a
-    cascade job a secondary tier finished successfully (the tier's name). Result unused."""
+    """Blocks became loadable in ``medium``: a successful ``complete_store`` (``"CPU"``; a
+    promotion from a secondary tier landing in the CPU tier is one too), or a cascade job a
+    secondary tier finished successfully (the tier's name). Result unused."""
 
 
 @hookspec
@@ -69,7 +73,8 @@ def kv_offload_store_failed(
     manager: Any, keys: list[OffloadKey], medium: str, req_context: ReqContext
 ) -> None:
     """A store did not land: ``complete_store(success=False)`` (``"CPU"``; the slots are
-    already free) or a failed cascade job (the tier's name). Result unused."""
+    already free; a failed promotion's reserved slot is one too) or a failed cascade job (the
+    tier's name). Result unused."""
 
 
 @hookspec
@@ -104,4 +109,6 @@ def kv_offload_store_admission(
     (a subset of ``keys``, any order; the manager keeps the caller's order) or ``None`` for no
     opinion. The first non-``None`` answer wins (pluggy ``firstresult``), most recently
     registered plugin first. Keys already stored are filtered before this hook runs, so it
-    only sees keys that would take a slot. A rejected key is simply not stored."""
+    only sees keys that would take a slot. A rejected key is simply not stored. A promotion
+    from a secondary tier reserves its CPU slot through ``prepare_store`` too, so this hook
+    sees it (one key) and may refuse it: the lookup then answers ``MISS``."""

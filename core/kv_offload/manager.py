@@ -204,13 +204,13 @@ class CPUOffloadingManager:
     def on_new_request(self, req_context: ReqContext) -> None:
         _check_ctx(req_context, "on_new_request")
         if (hook := self._hooks.request_started) is not None:
-            self._hooks.call(hook, manager=self, req_context=req_context)
+            hook(manager=self, req_context=req_context)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         _check_ctx(req_context, "on_request_finished")
         self._policy.on_request_finished(req_context)
         if (hook := self._hooks.request_finished) is not None:
-            self._hooks.call(hook, manager=self, req_context=req_context)
+            hook(manager=self, req_context=req_context)
 
     def on_schedule_end(self) -> None:
         """End of a scheduler step; nothing is deferred in the CPU-only manager."""
@@ -288,11 +288,10 @@ class CPUOffloadingManager:
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
-        self._loaded += self.unpin(keys, req_context, "complete_load")
+        key_list = keys if type(keys) is list else list(keys)
+        self._loaded += self.unpin(key_list, req_context, "complete_load")
         if (hook := self._hooks.blocks_loaded) is not None:
-            self._hooks.call(
-                hook, manager=self, keys=list(keys), medium=MEDIUM_CPU, req_context=req_context
-            )
+            hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
 
     def pin(
         self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "pin"
@@ -420,18 +419,18 @@ class CPUOffloadingManager:
         self._num_pending += count
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
         if evicted and (hook := self._hooks.blocks_evicted) is not None:
-            self._hooks.call(
-                hook, manager=self, keys=evicted, medium=MEDIUM_CPU, req_context=req_context
-            )
+            try:
+                hook(manager=self, keys=list(evicted), medium=MEDIUM_CPU, req_context=req_context)
+            except HookError as exc:
+                exc.result = output  # the slots are allocated: the caller must still use them
+                raise
         return output
 
     def _admit(
         self, hook: Any, to_store: list[OffloadKey], req_context: ReqContext
     ) -> list[OffloadKey]:
         """The keys the store-admission hook lets in, in the caller's order."""
-        admitted = self._hooks.call(
-            hook, manager=self, keys=list(to_store), req_context=req_context
-        )
+        admitted = hook(manager=self, keys=list(to_store), req_context=req_context)
         if admitted is None:
             return to_store
         try:
@@ -519,8 +518,7 @@ class CPUOffloadingManager:
             if self._events is not None and key_list:
                 self._events.append(OffloadingEvent(list(key_list), MEDIUM_CPU, removed=False))
             if (hook := self._hooks.blocks_stored) is not None:
-                self._hooks.call(
-                    hook,
+                hook(
                     manager=self,
                     keys=list(key_list),
                     medium=MEDIUM_CPU,
@@ -533,8 +531,7 @@ class CPUOffloadingManager:
             self._free.extend(blocks)  # type: ignore[arg-type]
             self._failed_stores += count
             if (hook := self._hooks.store_failed) is not None:
-                self._hooks.call(
-                    hook,
+                hook(
                     manager=self,
                     keys=list(key_list),
                     medium=MEDIUM_CPU,
@@ -564,7 +561,7 @@ class CPUOffloadingManager:
         self._num_pinned = 0
         self._reset_counters()
         if (hook := self._hooks.cache_reset) is not None:
-            self._hooks.call(hook, manager=self)
+            hook(manager=self)
 
     def get_stats(self) -> OffloadingStats:
         return OffloadingStats(
@@ -586,17 +583,28 @@ class CPUOffloadingManager:
         )
 
     def shutdown(self) -> None:
-        """Release everything; later stores raise :class:`ManagerError`."""
+        """Release everything; later stores raise :class:`ManagerError`.
+
+        Shutdown always completes; a hook plugin that raises on the way is reported after.
+        """
         if self._closed:
             return
-        self.reset_cache()
         self._closed = True
+        errors: list[HookError] = []
+        try:
+            self.reset_cache()
+        except HookError as exc:
+            errors.append(exc)
         try:
             if (hook := self._hooks.shutdown) is not None:
-                self._hooks.call(hook, manager=self)
+                hook(manager=self)
+        except HookError as exc:
+            errors.append(exc)
         finally:
             for plugin in self._own_plugins:
                 self.plugin_manager.unregister(plugin)
+        if errors:
+            raise errors[0]
 
     def _check_open(self, operation: str) -> None:
         if self._closed:

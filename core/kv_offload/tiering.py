@@ -306,7 +306,7 @@ class TieringOffloadingManager:
         so one plugin cannot make the manager drop the other results it is processing."""
         if hook is not None:
             try:
-                self._hooks.call(hook, **kwargs)
+                hook(**kwargs)
             except HookError as exc:
                 self._deferred.append(exc)
 
@@ -409,19 +409,24 @@ class TieringOffloadingManager:
         )
 
     def shutdown(self) -> None:
-        """Drain, shut every tier down, then the CPU tier."""
+        """Drain, shut the CPU tier down (tiers with hooks still hear its events), then every
+        tier. Shutdown always completes; errors are reported after."""
         if self._closed:
             return
         self._closed = True
         try:
             self._drain()
         finally:
-            for tier in self.tiers:
-                try:
-                    tier.shutdown()
-                except Exception:
-                    logger.exception("tier %r raised from shutdown()", tier.name)
-            for plugin in self._own_plugins:
-                self.plugin_manager.unregister(plugin)
-            self.primary.shutdown()
+            try:
+                self.primary.shutdown()
+            except HookError as exc:
+                self._deferred.append(exc)
+            finally:
+                for tier in self.tiers:
+                    try:
+                        tier.shutdown()
+                    except Exception:
+                        logger.exception("tier %r raised from shutdown()", tier.name)
+                for plugin in self._own_plugins:
+                    self.plugin_manager.unregister(plugin)
         self._raise_deferred()
