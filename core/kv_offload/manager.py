@@ -150,9 +150,10 @@ class CPUOffloadingManager:
         self._get = policy.get
         self._refs: list[int] = [PENDING_REF_CNT] * num_blocks
         self._status_cls: type[BlockStatus] = bind_block_status(self._refs)
-        # Policies that keep the base class's no-op mark_* hooks are not called per key.
+        # Policy callbacks left as the base class's no-ops are not called at all.
         self._mark_evictable = _overridden(policy, "mark_evictable")
         self._mark_non_evictable = _overridden(policy, "mark_non_evictable")
+        self._on_request_finished = _overridden(policy, "on_request_finished")
         self._num_allocated = 0
         self._free: list[BlockStatus] = []
         self._num_evictable = 0
@@ -208,7 +209,8 @@ class CPUOffloadingManager:
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         _check_ctx(req_context, "on_request_finished")
-        self._policy.on_request_finished(req_context)
+        if self._on_request_finished is not None:
+            self._on_request_finished(req_context)
         if (hook := self._hooks.request_finished) is not None:
             hook(manager=self, req_context=req_context)
 
@@ -385,7 +387,8 @@ class CPUOffloadingManager:
         ``keys`` or ``protected`` (blocks a caller is about to load). Returns ``None``, with no
         state change, when not enough blocks can be evicted.
         """
-        self._check_open("prepare_store")
+        if self._closed:
+            self._check_open("prepare_store")
         key_list, key_set, blocks = self._batch(keys, req_context, "prepare_store")
         if protected:
             key_set = key_set.union(protected)
@@ -401,7 +404,7 @@ class CPUOffloadingManager:
             count = len(to_store)
             if not count:
                 return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
-        shortfall = count - self.num_free_blocks
+        shortfall = count - (self.num_blocks - self._num_allocated + len(self._free))
         evicted: list[OffloadKey] = []
         if shortfall > 0:
             if shortfall > self._num_evictable:
