@@ -10,11 +10,7 @@ Adapting ARC to the manager's contract changes when things happen, not what happ
 
 * the manager evicts *before* it inserts the keys that caused the misses, so ``evict`` applies
   ARC's REPLACE rule with the current ``p``, and ``insert``/``insert_many`` do the adaptation
-  of ``p`` and the promotion of ghost keys to T2. ``evict`` does not know which key it makes
-  room for, so REPLACE's tie-break for a B2 hit at |T1| == p is not applied: T1 gives up a
-  block only while |T1| > p;
-* ``insert_many`` behaves as that many requests in order: a ghost that an earlier key of the
-  batch pushed out of the history is a plain miss by its turn;
+  of ``p`` and the promotion of ghost keys to T2;
 * REPLACE skips blocks that are pinned, pending or protected, taking the next block of the same
   list and falling back to the other list when the preferred one has none left;
 * only insertions can push the ghost lists past their bounds (an eviction moves a key from T1
@@ -24,8 +20,8 @@ Adapting ARC to the manager's contract changes when things happen, not what happ
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
-from itertools import compress, groupby, islice, repeat, starmap
+from collections.abc import Container, Iterable, Iterator
+from itertools import compress, filterfalse, groupby, islice, repeat, starmap
 from math import ceil
 from operator import add, attrgetter, itemgetter, not_, or_
 
@@ -118,19 +114,27 @@ class _KeyQueue:
             else:
                 yield key
 
-    def compact_if_sparse(self, live: int) -> None:
+    def compact_if_sparse(
+        self, live: int, members: Container[OffloadKey], unless: Container[OffloadKey] = ()
+    ) -> None:
         """Rebuild without tombstones once they pass a quarter of the live keys.
 
         Tombstones at the front go as it is popped, but a list whose front rarely moves (T1
         while ARC evicts from T2, B2 while B1 is trimmed) would keep them, and each costs a
         ``stale`` entry, several times a deque slot. A rebuild is linear, so doing it only
-        after that many new tombstones keeps its cost constant per tombstone.
+        after that many new tombstones keeps its cost constant per tombstone. It needs no
+        counts: a live key's entry is its last one, and the owner's membership (in
+        ``members`` and not in ``unless``) says which keys are live.
         """
         order = self.order
         if len(order) - live > live // 4 + _COMPACT_SLACK:
-            keys = list(self)
+            latest = reversed(dict.fromkeys(reversed(order)))
+            kept: Iterator[OffloadKey] = filter(members.__contains__, latest)
+            if unless:
+                kept = filterfalse(unless.__contains__, kept)
+            live_keys = list(kept)
             order.clear()
-            order.extend(keys)
+            order.extend(live_keys)
             self.stale.clear()
 
     def clear(self) -> None:
@@ -272,9 +276,14 @@ class ARCCachePolicy(CachePolicy):
                     resident.update(zip(keys[start:stop], blocks[start:stop]))
                     self._t1.order.extend(keys[start:stop])
                     self._trim_ghosts()
-        self._t1.compact_if_sparse(len(self._resident) - len(self._t2))
-        self._b1_order.compact_if_sparse(len(self._b1))
-        self._b2_order.compact_if_sparse(len(self._b2))
+        self._compact()
+
+    def _compact(self) -> None:
+        resident = self._resident
+        t2 = self._t2
+        self._t1.compact_if_sparse(len(resident) - len(t2), resident, t2)
+        self._b1_order.compact_if_sparse(len(self._b1), self._b1)
+        self._b2_order.compact_if_sparse(len(self._b2), self._b2)
 
     def _ghost_run(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
         """Keys that were ghosts (or resident) when the batch arrived, in order."""
@@ -368,7 +377,7 @@ class ARCCachePolicy(CachePolicy):
         # the strength of a block nobody read.
         if self._resident.pop(key, None) is not None:
             self._drop_listing(key)
-            self._t1.compact_if_sparse(len(self._resident) - len(self._t2))
+            self._compact()
 
     def _drop_listing(self, key: OffloadKey) -> None:
         """Take a key out of T1 or T2 (its ``_resident`` entry is the caller's business)."""
@@ -394,7 +403,7 @@ class ARCCachePolicy(CachePolicy):
                     stale[key] = stale.get(key, 0) + 1
                     promoted = True
         if promoted:
-            self._t1.compact_if_sparse(len(self._resident) - len(t2))
+            self._t1.compact_if_sparse(len(self._resident) - len(t2), self._resident, t2)
 
     # -- eviction -------------------------------------------------------------------------
 
@@ -474,7 +483,7 @@ class ARCCachePolicy(CachePolicy):
         self._b1_order.order.extend(keys1)
         self._b2.update(keys2)
         self._b2_order.order.extend(keys2)
-        self._t1.compact_if_sparse(len(resident) - len(t2))
+        self._t1.compact_if_sparse(len(resident) - len(t2), resident, t2)
         return picked1 + picked2
 
     def clear(self) -> None:
