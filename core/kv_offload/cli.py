@@ -25,7 +25,7 @@ from .build import build_manager
 from .config import DEFAULT_CONFIG, StackConfig, load_config, parse_config, resolve_config
 from .errors import KVOffloadError
 from .hooks import HOOK_ENTRY_POINT_GROUP
-from .plugins import ENTRY_POINT, PluginInfo
+from .plugins import PluginInfo
 from .policy_factory import CachePolicyFactory
 from .replay import ReplayResult, replay
 from .request import ReqContext
@@ -60,18 +60,7 @@ def _hook_plugins() -> list[PluginInfo]:
             ep.load()
         except Exception as exc:
             error = f"failed to import: {type(exc).__name__}: {exc}"
-        dist = ep.dist
-        infos.append(
-            PluginInfo(
-                ep.name,
-                "hook",
-                ep.value,
-                ENTRY_POINT,
-                dist.name if dist else None,
-                dist.version if dist else None,
-                error,
-            )
-        )
+        infos.append(PluginInfo.from_entry_point(ep, "hook", error))
     return infos
 
 

@@ -26,6 +26,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import HookError, PluginImportError, PluginValidationError
+from .plugins import dist_label
 
 __all__ = [
     "AUTOLOAD_DISABLE_ENV",
@@ -118,7 +119,7 @@ class KVOffloadPluginManager(pluggy.PluginManager):
                 continue
             if self.get_plugin(ep.name) is not None or self.is_blocked(ep.name):
                 continue
-            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "an unknown distribution"
+            dist = dist_label(ep)
             try:
                 plugin = ep.load()
             except Exception as exc:

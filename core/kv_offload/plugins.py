@@ -43,7 +43,6 @@ KNOWN_DISTRIBUTIONS: dict[tuple[str, str], str] = {
 
 RUNTIME = "runtime registration"
 ENTRY_POINT = "entry point"
-MODULE_PATH = "module_path"
 
 
 class ExperimentalPluginWarning(UserWarning):
@@ -61,6 +60,21 @@ class PluginInfo:
     distribution: str | None = None
     version: str | None = None
     error: str | None = None
+
+    @classmethod
+    def from_entry_point(
+        cls, ep: metadata.EntryPoint, kind: str, error: str | None = None
+    ) -> PluginInfo:
+        dist = ep.dist
+        return cls(
+            ep.name,
+            kind,
+            ep.value,
+            ENTRY_POINT,
+            dist.name if dist is not None else None,
+            dist.version if dist is not None else None,
+            error,
+        )
 
 
 def _normalize(dist_name: str) -> str:
@@ -130,7 +144,7 @@ class PluginRegistry(Generic[T]):
 
     def _load_entry_point(self, name: str, candidates: list[metadata.EntryPoint]) -> type[T]:
         if len(candidates) > 1:
-            dists = ", ".join(sorted(_dist_label(ep) for ep in candidates))
+            dists = ", ".join(sorted(dist_label(ep) for ep in candidates))
             raise PluginConflictError(
                 f"{self.kind} {name!r} is provided by more than one installed distribution "
                 f"({dists}); uninstall all but one of them",
@@ -142,13 +156,13 @@ class PluginRegistry(Generic[T]):
             obj = ep.load()
         except Exception as exc:
             raise PluginImportError(
-                f"{self.kind} plugin {name!r} from distribution {_dist_label(ep)} failed to "
+                f"{self.kind} plugin {name!r} from distribution {dist_label(ep)} failed to "
                 f"import ({ep.value}): {type(exc).__name__}: {exc}; reinstall or fix the "
                 f"distribution, or uninstall it",
                 kind=self.kind,
                 plugin=name,
             ) from exc
-        return self._check(name, obj, f"entry point {ep.value} of {_dist_label(ep)}")
+        return self._check(name, obj, f"entry point {ep.value} of {dist_label(ep)}")
 
     # -- resolution -----------------------------------------------------------------------
 
@@ -248,23 +262,11 @@ class PluginRegistry(Generic[T]):
             PluginInfo(name, self.kind, f"{module}:{cls}", RUNTIME)
             for name, (module, cls) in sorted(self._registered.items())
         ]
-        for name, eps in sorted(self._scan(refresh=True).items()):
+        for _name, eps in sorted(self._scan(refresh=True).items()):
             error = None
             if len(eps) > 1:
-                error = "claimed by " + ", ".join(sorted(_dist_label(ep) for ep in eps))
-            for ep in eps:
-                dist = ep.dist
-                infos.append(
-                    PluginInfo(
-                        name,
-                        self.kind,
-                        ep.value,
-                        ENTRY_POINT,
-                        dist.name if dist is not None else None,
-                        dist.version if dist is not None else None,
-                        error,
-                    )
-                )
+                error = "claimed by " + ", ".join(sorted(dist_label(ep) for ep in eps))
+            infos += [PluginInfo.from_entry_point(ep, self.kind, error) for ep in eps]
         return infos
 
     def check(self, info: PluginInfo) -> PluginInfo:
@@ -278,6 +280,7 @@ class PluginRegistry(Generic[T]):
         return info
 
 
-def _dist_label(ep: metadata.EntryPoint) -> str:
+def dist_label(ep: metadata.EntryPoint) -> str:
+    """``"name version"`` of the distribution advertising ``ep``, for error messages."""
     dist = ep.dist
     return f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
