@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from itertools import compress, repeat
-from operator import is_, itemgetter
+from operator import is_
 from typing import Any
 
 from .block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
@@ -86,8 +86,19 @@ def _malformed_keys(key_list: list[Any], operation: str) -> InvalidArgumentError
 
 
 _int_new = int.__new__
-_key_of = itemgetter(0)
-_block_of = itemgetter(1)
+
+
+def _describe_victims(victims: Any, refs: list[int]) -> str:
+    """What a policy's broken evict() returned, with each block's ref count when possible."""
+    try:
+        shown = [(key, refs[block]) for key, block in list(victims)[:5]]
+        return f"(key, ref_cnt) {_short(shown)} ({len(victims)} in all)"
+    except Exception:
+        return _short(victims)
+
+
+#: Drains an iterator of ``None`` results in C: a per-block loop without a Python step.
+_run = any
 
 
 def _overridden(policy: CachePolicy, name: str) -> Any:
@@ -304,27 +315,28 @@ class CPUOffloadingManager:
         """
         key_list, _, blocks = self._batch(keys, req_context, operation)
         refs = self._refs
-        try:
-            counts = list(map(refs.__getitem__, blocks))  # type: ignore[arg-type]
-        except TypeError:  # a None: some key is absent
-            counts = [-1]
-        if counts and min(counts) < 0:
-            raise self._key_state_error(
-                operation,
-                key_list,
-                blocks,
-                lambda c: c is None or c < 0,
-                "load only keys that lookup() answered HIT",
-            )
+        # Loops, not C-level maps: loads are a handful of blocks, where a map's setup dominates.
         for block in blocks:
-            refs[block] += 1  # type: ignore[index]
-        newly_pinned = counts.count(0)
+            if block is None or refs[block] < 0:
+                raise self._key_state_error(
+                    operation,
+                    key_list,
+                    blocks,
+                    lambda c: c is None or c < 0,
+                    "load only keys that lookup() answered HIT",
+                )
+        newly_pinned = 0
+        for block in blocks:
+            count = refs[block]  # type: ignore[index]
+            if not count:
+                newly_pinned += 1
+            refs[block] = count + 1  # type: ignore[index]
         if newly_pinned:
             self._num_evictable -= newly_pinned
             self._num_pinned += newly_pinned
             if self._mark_non_evictable is not None:
-                for key, count in zip(key_list, counts):
-                    if count == 0:
+                for key, block in zip(key_list, blocks):
+                    if refs[block] == 1:  # type: ignore[index]
                         self._mark_non_evictable(key)
         return blocks  # type: ignore[return-value]
 
@@ -334,28 +346,28 @@ class CPUOffloadingManager:
         """Release one reader of each block; returns how many keys were unpinned."""
         key_list, _, blocks = self._batch(keys, req_context, operation)
         refs = self._refs
-        try:
-            counts = list(map(refs.__getitem__, blocks))  # type: ignore[arg-type]
-        except TypeError:
-            counts = [0]
-        if counts and min(counts) <= 0:
-            raise self._key_state_error(
-                operation,
-                key_list,
-                blocks,
-                lambda c: c is None or c <= 0,
-                f"call {operation} only for keys pinned by "
-                + ("prepare_load" if operation == "complete_load" else "pin"),
-            )
         for block in blocks:
-            refs[block] -= 1  # type: ignore[index]
-        released = counts.count(1)
+            if block is None or refs[block] <= 0:
+                raise self._key_state_error(
+                    operation,
+                    key_list,
+                    blocks,
+                    lambda c: c is None or c <= 0,
+                    f"call {operation} only for keys pinned by "
+                    + ("prepare_load" if operation == "complete_load" else "pin"),
+                )
+        released = 0
+        for block in blocks:
+            count = refs[block] - 1  # type: ignore[index]
+            if not count:
+                released += 1
+            refs[block] = count  # type: ignore[index]
         if released:
             self._num_evictable += released
             self._num_pinned -= released
             if self._mark_evictable is not None:
-                for key, count in zip(key_list, counts):
-                    if count == 1:
+                for key, block in zip(key_list, blocks):
+                    if not refs[block]:  # type: ignore[index]
                         self._mark_evictable(key)
         return len(key_list)
 
@@ -449,46 +461,55 @@ class CPUOffloadingManager:
     def _take_victims(
         self, victims: list[tuple[OffloadKey, BlockStatus]], expected: int, protected: set[Any]
     ) -> list[OffloadKey]:
-        """Check a policy's victims against the evict() contract, then free their slots."""
+        """Check a policy's victims against the evict() contract, then free their slots.
+
+        The policy is a plugin: a victim that is pinned, pending or protected would have its
+        bytes overwritten while in use, so the contract is checked here, not trusted.
+        """
         refs = self._refs
-        keys = list(map(_key_of, victims))
-        blocks = list(map(_block_of, victims))
-        if (
-            len(victims) != expected
-            or any(map(refs.__getitem__, blocks))
-            or not (protected.isdisjoint(keys))
-        ):
+        try:
+            keys, blocks = zip(*victims)
+            broken = (
+                len(keys) != expected
+                or any(map(refs.__getitem__, blocks))
+                or not protected.isdisjoint(keys)
+            )
+        except (TypeError, ValueError, IndexError):
+            broken = True
+        if broken:
             raise PluginError(
                 f"policy {self.cache_policy_name!r} broke the evict() contract: asked for "
-                f"{expected} idle, unprotected blocks, got "
-                f"{[(k, refs[b]) for k, b in victims][:5]} ({len(victims)} in all); "
-                f"fix the policy's evict()",
+                f"{expected} (key, BlockStatus) pairs of idle, unprotected blocks, got "
+                f"{_describe_victims(victims, refs)}; fix the policy's evict()",
                 kind="policy",
                 plugin=self.cache_policy_name,
             )
         self._free.extend(blocks)
         self._num_evictable -= expected
         self._evictions += expected
-        return keys
+        return list(keys)
 
     def _allocate(self, count: int) -> list[BlockStatus]:
-        fresh = min(count, self.num_blocks - self._num_allocated)
+        """``count`` slots, marked pending: never-used slots first, then freed ones."""
+        free = self._free
+        refs = self._refs
+        fresh = self.num_blocks - self._num_allocated
+        if fresh >= count:
+            fresh = count
+            blocks = []
+        else:
+            blocks = free[len(free) - count + fresh :]
+            del free[len(free) - count + fresh :]
+            _run(map(refs.__setitem__, blocks, repeat(PENDING_REF_CNT)))
+            if not fresh:  # the steady state of a full cache
+                return blocks
         start = self._num_allocated
         status_cls = self._status_cls
         # int.__new__ skips BlockStatus.__new__'s per-object table write; done as a slice.
-        blocks = [_int_new(status_cls, i) for i in range(start, start + fresh)]
-        self._refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
+        new = [_int_new(status_cls, i) for i in range(start, start + fresh)]
+        refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
         self._num_allocated += fresh
-        reused = count - fresh
-        if reused:
-            free = self._free
-            recycled = free[len(free) - reused :]
-            del free[len(free) - reused :]
-            refs = self._refs
-            for block in recycled:
-                refs[block] = PENDING_REF_CNT
-            blocks.extend(recycled)
-        return blocks
+        return new + blocks
 
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
@@ -511,8 +532,7 @@ class CPUOffloadingManager:
             )
         self._num_pending -= count
         if success:
-            for block in blocks:
-                refs[block] = 0  # type: ignore[index]
+            _run(map(refs.__setitem__, blocks, repeat(0)))
             self._num_evictable += count
             self._stored += count
             if self._mark_evictable is not None:

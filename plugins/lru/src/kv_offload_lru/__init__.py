@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import repeat
 from operator import attrgetter, itemgetter
 
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
@@ -61,8 +62,7 @@ class LRUCachePolicy(CachePolicy):
             return None
         # Fast path, the common case: the n oldest blocks are all idle and unprotected.
         # Popping and checking them with C-level maps avoids a Python step per block.
-        popitem = blocks.popitem
-        oldest = [popitem(last=False) for _ in range(n)]
+        oldest = list(map(blocks.popitem, repeat(False, n)))
         if not any(map(_ref_cnt, map(_block, oldest))) and protected.isdisjoint(map(_key, oldest)):
             return oldest
         self._restore_front(oldest)
