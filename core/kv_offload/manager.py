@@ -532,7 +532,7 @@ class CPUOffloadingManager:
             )
         self._num_pending -= count
         if success:
-            _run(map(refs.__setitem__, blocks, repeat(0)))
+            _run(map(refs.__setitem__, blocks, repeat(0)))  # type: ignore[arg-type]
             self._num_evictable += count
             self._stored += count
             if self._mark_evictable is not None:
