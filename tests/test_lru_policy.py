@@ -1,0 +1,273 @@
+"""LRU policy (kv-offload-lru): exact LRU order, the evict() contract, bounded bookkeeping.
+
+The policy keeps its order in a queue with lazy deletion, so most tests check it against a
+reference LRU on one ``OrderedDict``, written for clarity rather than speed, including with
+the queue rebuilding itself on every touch.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections import OrderedDict
+
+import kv_offload_lru
+import pytest
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kv_offload.block_status import BlockStatus, bind_block_status
+from kv_offload_lru import LRUCachePolicy
+
+CTX = ReqContext(req_id="test")
+
+
+def k(i: int) -> OffloadKey:
+    return make_offload_key(i)
+
+
+class Blocks:
+    """A ref-count table plus its BlockStatus class, as a manager would own them."""
+
+    def __init__(self, size: int) -> None:
+        self.refs = [-1] * size
+        self.cls = bind_block_status(self.refs)
+        self.next = 0
+
+    def new(self, ref_cnt: int = 0) -> BlockStatus:
+        block = self.cls(self.next)
+        self.refs[block] = ref_cnt
+        self.next += 1
+        return block
+
+
+def filled(keys: list[int], blocks: Blocks) -> LRUCachePolicy:
+    policy = LRUCachePolicy(max(len(keys), 1))
+    policy.insert_many([k(i) for i in keys], [blocks.new() for _ in keys])
+    return policy
+
+
+def order(policy: LRUCachePolicy) -> list[OffloadKey]:
+    """Resident keys, least recent first, read off the queue's live entries."""
+    live: list[OffloadKey] = []
+    pending = dict(policy._stale)
+    for key in policy._order:
+        if pending.get(key):
+            pending[key] -= 1
+        else:
+            live.append(key)
+    return live
+
+
+def check_invariants(policy: LRUCachePolicy) -> None:
+    """Every resident key has exactly one live entry (its last); every other entry is stale."""
+    assert len(policy._order) - len(policy) == sum(policy._stale.values())
+    assert all(count > 0 for count in policy._stale.values())
+    assert sorted(order(policy)) == sorted(policy._blocks)
+
+
+def test_touch_makes_the_first_key_of_a_request_most_recent() -> None:
+    policy = filled([1, 2, 3, 4], Blocks(10))
+    policy.touch([k(2), k(1), k(9)], CTX)  # k9 is absent: ignored
+    assert order(policy) == [k(3), k(4), k(1), k(2)]
+    check_invariants(policy)
+
+
+def test_evict_takes_the_least_recent_first() -> None:
+    policy = filled([1, 2, 3, 4], Blocks(10))
+    policy.touch([k(1)], CTX)
+    victims = policy.evict(2, set())
+    assert victims is not None and [key for key, _ in victims] == [k(2), k(3)]
+    assert policy.get(k(2)) is None and order(policy) == [k(4), k(1)]
+    check_invariants(policy)
+
+
+def test_evict_skips_busy_and_protected_blocks_which_keep_their_place() -> None:
+    blocks = Blocks(10)
+    policy = LRUCachePolicy(5)
+    keys = [k(i) for i in range(5)]
+    statuses = [blocks.new(ref_cnt) for ref_cnt in (2, -1, 0, 0, 0)]  # pinned, pending, idle...
+    policy.insert_many(keys, statuses)
+    victims = policy.evict(2, {k(2)})
+    assert victims == [(k(3), statuses[3]), (k(4), statuses[4])]
+    assert order(policy) == [k(0), k(1), k(2)]
+    check_invariants(policy)
+
+
+def test_evict_is_all_or_nothing() -> None:
+    blocks = Blocks(10)
+    policy = LRUCachePolicy(4)
+    policy.insert_many([k(0), k(1), k(2)], [blocks.new(1), blocks.new(0), blocks.new(0)])
+    policy.touch([k(1)], CTX)  # a stale entry in front, dropped or kept: invisible
+    before = order(policy)
+    assert policy.evict(3, set()) is None
+    assert policy.evict(2, {k(2)}) is None
+    assert order(policy) == before and len(policy) == 3
+    assert policy.evict(4, set()) is None  # more than resident
+    check_invariants(policy)
+
+
+def test_evict_zero_returns_an_empty_list() -> None:
+    policy = filled([1], Blocks(4))
+    assert policy.evict(0, set()) == []
+    assert len(policy) == 1
+
+
+def test_remove_then_reinsert_starts_a_fresh_entry() -> None:
+    blocks = Blocks(10)
+    policy = filled([1, 2, 3], blocks)
+    policy.remove(k(1))
+    policy.remove(k(7))  # absent: a no-op
+    assert policy.get(k(1)) is None
+    new = blocks.new()
+    policy.insert(k(1), new)
+    assert policy.get(k(1)) is new and order(policy) == [k(2), k(3), k(1)]
+    victims = policy.evict(3, set())
+    assert victims is not None and [key for key, _ in victims] == [k(2), k(3), k(1)]
+    assert len(policy._order) == 0 and not policy._stale
+
+
+def test_reinserting_a_resident_key_replaces_it() -> None:
+    blocks = Blocks(10)
+    policy = filled([1, 2], blocks)
+    new = blocks.new()
+    policy.insert(k(1), new)
+    assert policy.get(k(1)) is new and order(policy) == [k(2), k(1)] and len(policy) == 2
+    check_invariants(policy)
+
+
+def test_clear_forgets_everything() -> None:
+    policy = filled([1, 2, 3], Blocks(10))
+    policy.touch([k(1)], CTX)
+    policy.clear()
+    assert len(policy) == 0 and policy.get(k(1)) is None
+    assert not policy._order and not policy._stale
+
+
+def test_a_hot_key_touched_forever_keeps_the_queue_bounded() -> None:
+    policy = filled(list(range(100)), Blocks(200))
+    for _ in range(20_000):
+        policy.touch([k(7)], CTX)
+    assert len(policy._order) <= len(policy) + len(policy) // 8 + kv_offload_lru._COMPACT_SLACK + 1
+    assert order(policy)[-1] == k(7) and order(policy)[0] == k(0)
+    check_invariants(policy)
+
+
+# -- against a plain reference ---------------------------------------------------------
+
+
+class ReferenceLRU:
+    """The same contract on one OrderedDict, one rule per line."""
+
+    def __init__(self) -> None:
+        self.blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self.blocks.pop(key, None)
+        self.blocks[key] = block
+
+    def touch(self, keys: list[OffloadKey]) -> None:
+        for key in reversed(keys):
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
+
+    def remove(self, key: OffloadKey) -> None:
+        self.blocks.pop(key, None)
+
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        idle = [
+            (key, b) for key, b in self.blocks.items() if b.ref_cnt == 0 and key not in protected
+        ]
+        if len(idle) < n:
+            return None
+        for key, _ in idle[:n]:
+            del self.blocks[key]
+        return idle[:n]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("compact_slack", [-sys.maxsize, 256])
+def test_matches_the_reference_on_random_workloads(
+    seed: int, compact_slack: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With no slack at all the queue rebuilds itself on every touch, which must be invisible.
+    monkeypatch.setattr(kv_offload_lru, "_COMPACT_SLACK", compact_slack)
+    rng = random.Random(seed)
+    c = rng.choice((3, 8, 25))
+    policy = LRUCachePolicy(c)
+    ref = ReferenceLRU()
+    blocks = Blocks(100_000)
+    universe = rng.choice((2 * c, 5 * c))
+    for _ in range(3000):
+        op = rng.random()
+        keys = list(dict.fromkeys(k(rng.randrange(universe)) for _ in range(rng.randrange(1, 6))))
+        if op < 0.4:
+            to_store = [key for key in keys if policy.get(key) is None]
+            shortfall = len(policy) + len(to_store) - c
+            if shortfall > 0:
+                victims = policy.evict(shortfall, set(keys))
+                assert victims == ref.evict(shortfall, set(keys))
+                if victims is None:
+                    continue
+            new = [blocks.new(rng.choice((0, 0, 0, -1))) for _ in to_store]
+            policy.insert_many(to_store, new)
+            for key, block in zip(to_store, new):
+                ref.insert(key, block)
+        elif op < 0.7:
+            policy.touch(keys, CTX)
+            ref.touch(keys)
+        elif op < 0.8:
+            n = rng.randrange(1, 4)
+            protected = set(keys)
+            assert policy.evict(n, protected) == ref.evict(n, protected)
+        elif op < 0.9:
+            for key in keys:
+                block = policy.get(key)
+                if block is not None:
+                    blocks.refs[block] = rng.choice((-1, 0, 0, 2))
+        elif op < 0.98:
+            for key in keys:
+                policy.remove(key)
+                ref.remove(key)
+        else:
+            policy.clear()
+            ref.blocks.clear()
+        assert order(policy) == list(ref.blocks)
+        for key in keys:
+            assert policy.get(key) is ref.blocks.get(key)
+        assert len(policy) == len(ref.blocks)
+        check_invariants(policy)
+
+
+# -- through the manager -----------------------------------------------------------------
+
+
+def test_manager_resolves_lru_by_default() -> None:
+    manager = CPUOffloadingManager(10)
+    assert isinstance(manager.policy, LRUCachePolicy)
+
+
+def test_bookkeeping_stays_under_150_bytes_per_block() -> None:
+    """The structure's own footprint, measured the way benchmarks/replay.py does."""
+    import gc
+    import tracemalloc
+
+    keys = [k(i) for i in range(60_000)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        manager = CPUOffloadingManager(20_000)
+        ctx = ReqContext(req_id="r")
+        for start in range(0, len(keys), 16):  # three times the capacity: eviction churn
+            batch = keys[start : start + 16]
+            out = manager.prepare_store(batch, ctx)
+            assert out is not None
+            manager.complete_store(out.keys_to_store, ctx)
+            manager.touch(keys[max(0, start - 4000) : start - 3990], ctx)
+        gc.collect()
+        per_block = (tracemalloc.get_traced_memory()[0] - before) / manager.num_resident_blocks
+    finally:
+        tracemalloc.stop()
+    assert manager.num_resident_blocks == 20_000
+    assert per_block <= 150, per_block
