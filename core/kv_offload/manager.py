@@ -97,8 +97,8 @@ def _describe_victims(victims: Any, refs: list[int]) -> str:
         return _short(victims)
 
 
-#: Drains an iterator of ``None`` results in C: a per-block loop without a Python step.
-_run = any
+#: A slot whose store failed, between the check and its release (never seen outside).
+_FAILED_REF_CNT = -2
 
 
 def _overridden(policy: CachePolicy, name: str) -> Any:
@@ -500,7 +500,8 @@ class CPUOffloadingManager:
         else:
             blocks = free[len(free) - count + fresh :]
             del free[len(free) - count + fresh :]
-            _run(map(refs.__setitem__, blocks, repeat(PENDING_REF_CNT)))
+            for block in blocks:
+                refs[block] = PENDING_REF_CNT
             if not fresh:  # the steady state of a full cache
                 return blocks
         start = self._num_allocated
@@ -515,14 +516,29 @@ class CPUOffloadingManager:
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Make stored blocks loadable, or free their slots when ``success`` is false."""
-        key_list, _, blocks = self._batch(keys, req_context, "complete_store")
+        if getattr(req_context, "req_id", None) is None:
+            _check_ctx(req_context, "complete_store")
+        key_list = keys if type(keys) is list else list(keys)
+        try:
+            blocks = list(map(self._get, key_list))
+        except TypeError:
+            raise _malformed_keys(key_list, "complete_store") from None
         refs = self._refs
         count = len(key_list)
-        try:
-            pending = list(map(refs.__getitem__, blocks)).count(PENDING_REF_CNT)  # type: ignore[arg-type]
-        except TypeError:
-            pending = -1
-        if pending != count:
+        # One pass checks and marks. A block that is not pending (absent, loadable, or marked
+        # already because its key repeats) stops it, and the marks made so far are undone.
+        mark = 0 if success else _FAILED_REF_CNT
+        done = 0
+        for block in blocks:
+            if block is None or refs[block] != PENDING_REF_CNT:
+                break
+            refs[block] = mark
+            done += 1
+        if done != count:
+            for block in blocks[:done]:
+                refs[block] = PENDING_REF_CNT  # type: ignore[index]
+            if len(set(key_list)) != count:
+                raise _malformed_keys(key_list, "complete_store")
             raise self._key_state_error(
                 "complete_store",
                 key_list,
@@ -532,7 +548,6 @@ class CPUOffloadingManager:
             )
         self._num_pending -= count
         if success:
-            _run(map(refs.__setitem__, blocks, repeat(0)))  # type: ignore[arg-type]
             self._num_evictable += count
             self._stored += count
             if self._mark_evictable is not None:
