@@ -674,6 +674,22 @@ def test_unhashable_key_in_batch(
     assert isinstance(info.value, InvalidArgumentError)  # catchable as the parent
 
 
+@pytest.mark.parametrize(
+    "operation", ["prepare_load", "complete_load", "prepare_store", "complete_store", "touch"]
+)
+@pytest.mark.parametrize("keys", [k(0), 7, None], ids=["single-key", "int", "None"])
+def test_a_batch_that_is_not_a_collection_of_keys(
+    busy: CPUOffloadingManager, operation: str, keys: Any
+) -> None:
+    """A single key where a list belongs is the classic slip: named, and nothing changes."""
+    method = getattr(busy, operation)
+    info = assert_raises_intact(
+        busy, InvalidArgumentError, lambda: method(keys, CTX), operation, "collection"
+    )
+    if isinstance(keys, bytes):
+        assert "pass [key]" in str(info.value)
+
+
 BAD_CONTEXTS: list[Any] = [ReqContext(req_id=None), object(), None, "req-0"]  # type: ignore[arg-type]
 
 

@@ -67,6 +67,22 @@ def _hashable(key: object) -> bool:
     return True
 
 
+def _as_list(keys: Any, operation: str) -> list[Any]:
+    """A batch of keys as a list; a single key or a non-iterable is a caller's mistake."""
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise InvalidArgumentError(
+            f"{operation}: keys must be a collection of offload keys, got a single "
+            f"{type(keys).__name__} {_short(keys)}; pass [key]"
+        )
+    try:
+        return list(keys)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"{operation}: keys must be a collection of offload keys, got "
+            f"{type(keys).__name__} {_short(keys)}"
+        ) from None
+
+
 def _malformed_keys(key_list: list[Any], operation: str) -> InvalidArgumentError:
     """The precise error for a batch that is unhashable or repeats a key (slow path)."""
     seen: set[Any] = set()
@@ -238,9 +254,12 @@ class CPUOffloadingManager:
         Raises, before anything changes, for a bad context, unhashable or repeated keys.
         The checks are whole-batch C calls; the per-key diagnosis runs only on failure.
         """
-        if getattr(req_context, "req_id", None) is None:
+        try:
+            if req_context.req_id is None:
+                raise AttributeError("req_id")
+        except AttributeError:
             _check_ctx(req_context, operation)
-        key_list = keys if type(keys) is list else list(keys)
+        key_list = keys if type(keys) is list else _as_list(keys, operation)
         try:
             key_set = set(key_list)
             blocks = list(map(self._get, key_list))
@@ -301,7 +320,7 @@ class CPUOffloadingManager:
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
-        key_list = keys if type(keys) is list else list(keys)
+        key_list = keys if type(keys) is list else _as_list(keys, "complete_load")
         self._loaded += self.unpin(key_list, req_context, "complete_load")
         if (hook := self._hooks.blocks_loaded) is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
@@ -375,7 +394,7 @@ class CPUOffloadingManager:
         """Mark blocks as recently used; keys not in the CPU tier are ignored."""
         if getattr(req_context, "req_id", None) is None:
             _check_ctx(req_context, "touch")
-        key_list = keys if type(keys) is list else list(keys)
+        key_list = keys if type(keys) is list else _as_list(keys, "touch")
         try:
             unique = len(set(key_list)) == len(key_list)
         except TypeError:
@@ -518,7 +537,7 @@ class CPUOffloadingManager:
         """Make stored blocks loadable, or free their slots when ``success`` is false."""
         if getattr(req_context, "req_id", None) is None:
             _check_ctx(req_context, "complete_store")
-        key_list = keys if type(keys) is list else list(keys)
+        key_list = keys if type(keys) is list else _as_list(keys, "complete_store")
         try:
             blocks = list(map(self._get, key_list))
         except TypeError:

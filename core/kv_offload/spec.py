@@ -13,6 +13,8 @@ from .keys import OffloadKey
 
 __all__ = ["LoadStoreSpec", "CPULoadStoreSpec", "PrepareStoreOutput"]
 
+_INT64 = np.dtype(np.int64)  # a dtype object skips numpy's per-call dtype parsing
+
 
 class LoadStoreSpec:
     """Base of the medium-specific descriptions a worker needs to move blocks."""
@@ -34,9 +36,9 @@ class CPULoadStoreSpec(LoadStoreSpec):
         if isinstance(block_ids, list):
             # array('q') converts int subclasses (BlockStatus) in C, ~4x faster than numpy's
             # per-object path; frombuffer then wraps it without a copy.
-            self.block_ids = np.frombuffer(array("q", block_ids), dtype=np.int64)
+            self.block_ids = np.frombuffer(array("q", block_ids), _INT64)
         else:
-            self.block_ids = np.asarray(block_ids, dtype=np.int64)
+            self.block_ids = np.asarray(block_ids, _INT64)
 
     def __len__(self) -> int:
         return len(self.block_ids)

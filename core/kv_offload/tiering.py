@@ -25,7 +25,7 @@ from .events import OffloadingEvent
 from .hooks import register_if_hookimpl
 from .keys import OffloadKey
 from .lookup import LookupResult
-from .manager import CPUOffloadingManager
+from .manager import CPUOffloadingManager, _as_list
 from .request import ReqContext
 from .spec import CPULoadStoreSpec, PrepareStoreOutput
 from .stats import OffloadingStats
@@ -321,7 +321,7 @@ class TieringOffloadingManager:
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Complete the CPU store; on success cascade the blocks to every secondary tier."""
-        key_list = list(keys)
+        key_list = _as_list(keys, "complete_store")
         if self._promoting and not self._promoting.isdisjoint(key_list):
             key = next(k for k in key_list if k in self._promoting)
             raise KeyStateError(
