@@ -1,9 +1,9 @@
 """The status of one resident block: its CPU slot and how many transfers use it.
 
 A :class:`BlockStatus` *is* its slot id (an ``int`` subclass), and its reference count lives in
-a per-manager table indexed by that id. This keeps a resident block's bookkeeping at one
-32-byte object instead of a GC-tracked record plus a separate ``int`` (about 80 bytes), which
-matters for a CPU tier of millions of blocks. ``ref_cnt`` keeps vLLM's meaning, so policies
+a per-manager table indexed by that id (8 bytes a slot). This keeps a resident block's status
+at one 48-byte object (an int and its GC header) instead of a record with a separate ``int``
+(about 90 bytes), which matters for a CPU tier of millions of blocks. ``ref_cnt`` keeps vLLM's meaning, so policies
 written against vLLM's ``BlockStatus`` port unchanged:
 
 * ``-1``: a store or promotion is in flight; not readable, never evictable;
