@@ -3,8 +3,8 @@
 A :class:`BlockStatus` *is* its slot id (an ``int`` subclass), and its reference count lives in
 a per-manager table indexed by that id (8 bytes a slot). This keeps a resident block's status
 at one 48-byte object (an int and its GC header) instead of a record with a separate ``int``
-(about 90 bytes), which matters for a CPU tier of millions of blocks. ``ref_cnt`` keeps vLLM's meaning, so policies
-written against vLLM's ``BlockStatus`` port unchanged:
+(about 90 bytes), which matters for a CPU tier of millions of blocks. ``ref_cnt`` keeps
+vLLM's meaning, so policies written against vLLM's ``BlockStatus`` port unchanged:
 
 * ``-1``: a store or promotion is in flight; not readable, never evictable;
 * ``0``: readable and evictable;
