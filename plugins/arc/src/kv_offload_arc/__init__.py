@@ -19,7 +19,7 @@ Adapting ARC to the manager's contract changes when things happen, not what happ
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Container, Iterable, Iterator
 from itertools import compress, filterfalse, groupby, islice, repeat, starmap
 from math import ceil
@@ -153,9 +153,8 @@ class ARCCachePolicy(CachePolicy):
     * T1's order is a :class:`_KeyQueue`: most stored blocks are first sightings that enter T1
       and later leave from its front, so an append and a ``popleft`` are all they cost, and
       T1 membership needs no table of its own (resident and not in T2);
-    * T2 is a set (membership) plus a :class:`_KeyQueue`: a hit leaves a tombstone and
-      appends the key again, where an ``OrderedDict`` would move it in C but cost about 100
-      bytes more per block once eviction churn has resized it;
+    * T2 is an ``OrderedDict`` of key -> block because every hit moves a key to its MRU end,
+      which ``move_to_end`` does in C without leaving a tombstone;
     * B1 and B2 are each a set (membership) plus a :class:`_KeyQueue` (trimming order), keys
       only. Sets take a batch of ghosts in or out with one C call (``update``,
       ``difference_update``) and let ``insert_many`` tell "all first sightings" with
@@ -166,8 +165,7 @@ class ARCCachePolicy(CachePolicy):
         super().__init__(cache_capacity)
         self._resident: dict[OffloadKey, BlockStatus] = {}
         self._t1 = _KeyQueue()
-        self._t2 = _KeyQueue()
-        self._t2_keys: set[OffloadKey] = set()
+        self._t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         self._b1: set[OffloadKey] = set()
         self._b1_order = _KeyQueue()
         self._b2: set[OffloadKey] = set()
@@ -232,10 +230,8 @@ class ARCCachePolicy(CachePolicy):
         """After a bulk insert that re-inserted resident or repeated keys (none of them a
         ghost): list each key once, at the MRU end of T1, as one-by-one inserts would."""
         batch = set(keys)
-        leaving_t2 = list(self._t2_keys.intersection(batch))
-        if leaving_t2:
-            self._t2_keys.difference_update(leaving_t2)
-            _add_tombstones(self._t2.stale, leaving_t2)
+        t2 = self._t2
+        _consume(map(t2.pop, batch, repeat(None)))
         order = self._t1.order
         survivors = [key for key in self._t1 if key not in batch]
         order.clear()
@@ -284,9 +280,8 @@ class ARCCachePolicy(CachePolicy):
 
     def _compact(self) -> None:
         resident = self._resident
-        t2_keys = self._t2_keys
-        self._t1.compact_if_sparse(len(resident) - len(t2_keys), resident, t2_keys)
-        self._t2.compact_if_sparse(len(t2_keys), t2_keys)
+        t2 = self._t2
+        self._t1.compact_if_sparse(len(resident) - len(t2), resident, t2)
         self._b1_order.compact_if_sparse(len(self._b1), self._b1)
         self._b2_order.compact_if_sparse(len(self._b2), self._b2)
 
@@ -328,8 +323,7 @@ class ARCCachePolicy(CachePolicy):
                 b1_size -= 1
         self._p = p
         self._resident.update(zip(keys, blocks))
-        self._t2_keys.update(keys)
-        self._t2.order.extend(keys)
+        self._t2.update(zip(keys, blocks))
         if b1_size != len(self._b1):
             from_b1 = list(compress(keys, map(not_, in_b2)))
             self._b1.difference_update(from_b1)
@@ -362,7 +356,7 @@ class ARCCachePolicy(CachePolicy):
         c = self.cache_capacity
         resident = len(self._resident)
         b1 = self._b1
-        excess = resident - len(self._t2_keys) + len(b1) - c  # |T1| + |B1| - c
+        excess = resident - len(self._t2) + len(b1) - c  # |T1| + |B1| - c
         if excess > 0:
             # Never more than B1 holds: only a caller inserting past the capacity without
             # evicting (the manager never does) could ask for that.
@@ -387,34 +381,29 @@ class ARCCachePolicy(CachePolicy):
 
     def _drop_listing(self, key: OffloadKey) -> None:
         """Take a key out of T1 or T2 (its ``_resident`` entry is the caller's business)."""
-        if key in self._t2_keys:
-            self._t2_keys.discard(key)
-            self._t2.forget(key)
-        else:
+        if self._t2.pop(key, None) is None:
             self._t1.forget(key)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        resident = self._resident
-        t2_keys = self._t2_keys
-        t2_order = self._t2.order
-        t2_stale = self._t2.stale
-        t1_stale = self._t1.stale
+        get = self._resident.get
+        t2 = self._t2
+        move_to_end = t2.move_to_end
+        stale = self._t1.stale
         promoted = False
         key_list = keys if type(keys) is list else list(keys)
         # Reversed, so the first key of a request (the shared prefix) ends up most recent.
-        # Either way the key's old entry becomes a tombstone and it joins T2's back.
         for key in reversed(key_list):
-            if key in t2_keys:
-                t2_stale[key] = t2_stale.get(key, 0) + 1
-                t2_order.append(key)
-            elif key in resident:  # a second use: the block is now frequent
-                t2_keys.add(key)
-                t2_order.append(key)
-                t1_stale[key] = t1_stale.get(key, 0) + 1
-                promoted = True
+            if key in t2:
+                move_to_end(key)
+            else:
+                block = get(key)
+                if block is not None:
+                    # A second use: the block is now frequent; its T1 entry becomes a tombstone.
+                    t2[key] = block
+                    stale[key] = stale.get(key, 0) + 1
+                    promoted = True
         if promoted:
-            self._t1.compact_if_sparse(len(resident) - len(t2_keys), resident, t2_keys)
-        self._t2.compact_if_sparse(len(t2_keys), t2_keys)
+            self._t1.compact_if_sparse(len(self._resident) - len(t2), self._resident, t2)
 
     # -- eviction -------------------------------------------------------------------------
 
@@ -422,8 +411,8 @@ class ARCCachePolicy(CachePolicy):
         if n <= 0:
             return []
         resident = self._resident
-        t2_keys = self._t2_keys
-        len2 = len(t2_keys)
+        t2 = self._t2
+        len2 = len(t2)
         len1 = len(resident) - len2
         if n > len1 + len2:
             return None
@@ -437,35 +426,34 @@ class ARCCachePolicy(CachePolicy):
         # Fast path, the common case: the oldest blocks of each list are idle and unprotected,
         # so taking and checking them with C-level maps avoids a Python step per block.
         keys1 = self._t1.pop_front(from1) if from1 else []
-        keys2 = self._t2.pop_front(from2) if from2 else []
         blocks1 = list(map(resident.pop, keys1))
-        blocks2 = list(map(resident.pop, keys2))
+        oldest2 = list(map(t2.popitem, repeat(False, from2))) if from2 else []
         if (
             not any(map(_ref_cnt, blocks1))
-            and not any(map(_ref_cnt, blocks2))
             and protected.isdisjoint(keys1)
-            and protected.isdisjoint(keys2)
+            and not any(map(_ref_cnt, map(_block, oldest2)))
+            and protected.isdisjoint(map(_key, oldest2))
         ):
             victims = list(zip(keys1, blocks1))
             if keys1:
                 self._b1.update(keys1)
                 self._b1_order.order.extend(keys1)
-            if keys2:
-                victims += zip(keys2, blocks2)
-                t2_keys.difference_update(keys2)
+            if oldest2:
+                victims += oldest2
+                keys2 = list(map(_key, oldest2))
+                _consume(map(resident.__delitem__, keys2))
                 self._b2.update(keys2)
                 self._b2_order.order.extend(keys2)
             return victims
         resident.update(zip(keys1, blocks1))
-        resident.update(zip(keys2, blocks2))
         self._t1.push_front(keys1)
-        self._t2.push_front(keys2)
+        _restore_front(t2, oldest2)
         return self._evict_scanning(n, protected, from1)
 
     def _evict_scanning(self, n: int, protected: set[OffloadKey], from1: int) -> _Victims | None:
         """REPLACE that steps over busy or protected blocks; all or nothing."""
         resident = self._resident
-        t2_keys = self._t2_keys
+        t2 = self._t2
         idle1 = (
             (key, block)
             for key in self._t1
@@ -473,9 +461,7 @@ class ARCCachePolicy(CachePolicy):
         )
         picked1 = list(islice(idle1, from1))
         idle2 = (
-            (key, block)
-            for key in self._t2
-            if (block := resident[key]).ref_cnt == 0 and key not in protected
+            (key, block) for key, block in t2.items() if block.ref_cnt == 0 and key not in protected
         )
         picked2 = list(islice(idle2, n - len(picked1)))
         missing = n - len(picked1) - len(picked2)
@@ -490,24 +476,20 @@ class ARCCachePolicy(CachePolicy):
         for key in keys1:
             del resident[key]
             forget(key)
-        forget = self._t2.forget
         for key in keys2:
             del resident[key]
-            forget(key)
-        t2_keys.difference_update(keys2)
+            del t2[key]
         self._b1.update(keys1)
         self._b1_order.order.extend(keys1)
         self._b2.update(keys2)
         self._b2_order.order.extend(keys2)
-        self._t1.compact_if_sparse(len(resident) - len(t2_keys), resident, t2_keys)
-        self._t2.compact_if_sparse(len(t2_keys), t2_keys)
+        self._t1.compact_if_sparse(len(resident) - len(t2), resident, t2)
         return picked1 + picked2
 
     def clear(self) -> None:
         self._resident.clear()
         self._t1.clear()
         self._t2.clear()
-        self._t2_keys.clear()
         self._b1.clear()
         self._b1_order.clear()
         self._b2.clear()
@@ -518,3 +500,11 @@ class ARCCachePolicy(CachePolicy):
 def _add_tombstones(stale: dict[OffloadKey, int], keys: list[OffloadKey]) -> None:
     """Count one more tombstone for each of ``keys`` (distinct), at C speed."""
     stale.update(zip(keys, map(add, map(stale.get, keys, repeat(0)), repeat(1))))
+
+
+def _restore_front(blocks: OrderedDict[OffloadKey, BlockStatus], items: _Victims) -> None:
+    """Undo ``popitem(last=False)`` calls, restoring the original order exactly."""
+    move_to_end = blocks.move_to_end
+    for key, block in reversed(items):
+        blocks[key] = block
+        move_to_end(key, last=False)
