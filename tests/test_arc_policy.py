@@ -14,35 +14,15 @@ from collections.abc import Iterable
 
 import kv_offload_arc
 import pytest
+from _policies import CTX, Blocks, k, match_reference
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
     OffloadKey,
     ReqContext,
-    make_offload_key,
 )
-from kv_offload.block_status import BlockStatus, bind_block_status
+from kv_offload.block_status import BlockStatus
 from kv_offload_arc import ARCCachePolicy
-
-CTX = ReqContext(req_id="test")
-
-
-def k(i: int) -> OffloadKey:
-    return make_offload_key(i)
-
-
-class Blocks:
-    """A ref-count table plus its BlockStatus class, as a manager would own them."""
-
-    def __init__(self, size: int) -> None:
-        self.refs = [-1] * size
-        self.cls = bind_block_status(self.refs)
-        self.next = 0
-
-    def new(self) -> BlockStatus:
-        block = self.cls(self.next)
-        self.next += 1
-        return block
 
 
 class Harness:
@@ -533,6 +513,9 @@ class ReferenceARC:
         self.t1.pop(key, None)
         self.t2.pop(key, None)
 
+    def clear(self) -> None:
+        self.__init__(self.c)  # type: ignore[misc]
+
     def evict(
         self, n: int, protected: set[OffloadKey]
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
@@ -567,49 +550,16 @@ def test_matches_the_reference_on_random_workloads(
 ) -> None:
     # Without slack the tombstone queues rebuild themselves often, which must be invisible.
     monkeypatch.setattr(kv_offload_arc, "_COMPACT_SLACK", compact_slack)
-    rng = random.Random(seed)
-    c = rng.choice((3, 8, 25))
+    c = random.Random(seed).choice((3, 8, 25))
     policy = ARCCachePolicy(c)
     ref = ReferenceARC(c)
-    blocks = Blocks(100_000)
-    universe = rng.choice((2 * c, 5 * c))
-    for _ in range(3000):
-        op = rng.random()
-        keys = list(dict.fromkeys(k(rng.randrange(universe)) for _ in range(rng.randrange(1, 5))))
-        if op < 0.45:
-            to_store = [key for key in keys if policy.get(key) is None]
-            shortfall = len(policy) + len(to_store) - c
-            if shortfall > 0:
-                victims = policy.evict(shortfall, set(keys))
-                assert victims == ref.evict(shortfall, set(keys))
-                if victims is None:
-                    continue
-            new = [blocks.new() for _ in to_store]
-            policy.insert_many(to_store, new)
-            for key, block in zip(to_store, new):
-                ref.insert(key, block)
-                if rng.random() < 0.8:
-                    blocks.refs[block] = 0
-        elif op < 0.75:
-            policy.touch(keys, CTX)
-            ref.touch(keys)
-        elif op < 0.85:
-            n = rng.randrange(1, 4)
-            protected = set(keys)
-            assert policy.evict(n, protected) == ref.evict(n, protected)
-        elif op < 0.92:
-            for key in keys:
-                if policy.get(key) is not None:
-                    blocks.refs[policy.get(key)] = rng.choice((-1, 0, 0, 2))  # type: ignore[index]
-        else:
-            for key in keys:
-                policy.remove(key)
-                ref.remove(key)
+
+    def same_state() -> None:
         assert (policy.p, policy.t1, policy.t2, policy.b1, policy.b2) == ref.state()
-        for key in keys:
-            assert policy.get(key) is ref.get(key)
         assert len(policy) == len(ref.t1) + len(ref.t2)
         check_invariants(policy)
+
+    match_reference(policy, ref, c, seed, same_state)
 
 
 # -- through the manager -----------------------------------------------------------------

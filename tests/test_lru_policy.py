@@ -13,35 +13,15 @@ from collections import OrderedDict
 
 import kv_offload_lru
 import pytest
-from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
-from kv_offload.block_status import BlockStatus, bind_block_status
+from _policies import CTX, Blocks, k, match_reference
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.block_status import BlockStatus
 from kv_offload_lru import LRUCachePolicy
-
-CTX = ReqContext(req_id="test")
-
-
-def k(i: int) -> OffloadKey:
-    return make_offload_key(i)
-
-
-class Blocks:
-    """A ref-count table plus its BlockStatus class, as a manager would own them."""
-
-    def __init__(self, size: int) -> None:
-        self.refs = [-1] * size
-        self.cls = bind_block_status(self.refs)
-        self.next = 0
-
-    def new(self, ref_cnt: int = 0) -> BlockStatus:
-        block = self.cls(self.next)
-        self.refs[block] = ref_cnt
-        self.next += 1
-        return block
 
 
 def filled(keys: list[int], blocks: Blocks) -> LRUCachePolicy:
     policy = LRUCachePolicy(max(len(keys), 1))
-    policy.insert_many([k(i) for i in keys], [blocks.new() for _ in keys])
+    policy.insert_many([k(i) for i in keys], [blocks.new(0) for _ in keys])
     return policy
 
 
@@ -117,7 +97,7 @@ def test_remove_then_reinsert_starts_a_fresh_entry() -> None:
     policy.remove(k(1))
     policy.remove(k(7))  # absent: a no-op
     assert policy.get(k(1)) is None
-    new = blocks.new()
+    new = blocks.new(0)
     policy.insert(k(1), new)
     assert policy.get(k(1)) is new and order(policy) == [k(2), k(3), k(1)]
     victims = policy.evict(3, set())
@@ -169,8 +149,14 @@ class ReferenceLRU:
             if key in self.blocks:
                 self.blocks.move_to_end(key)
 
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self.blocks.get(key)
+
     def remove(self, key: OffloadKey) -> None:
         self.blocks.pop(key, None)
+
+    def clear(self) -> None:
+        self.blocks.clear()
 
     def evict(
         self, n: int, protected: set[OffloadKey]
@@ -192,51 +178,16 @@ def test_matches_the_reference_on_random_workloads(
 ) -> None:
     # With no slack at all the queue rebuilds itself on every touch, which must be invisible.
     monkeypatch.setattr(kv_offload_lru, "_COMPACT_SLACK", compact_slack)
-    rng = random.Random(seed)
-    c = rng.choice((3, 8, 25))
+    c = random.Random(seed).choice((3, 8, 25))
     policy = LRUCachePolicy(c)
     ref = ReferenceLRU()
-    blocks = Blocks(100_000)
-    universe = rng.choice((2 * c, 5 * c))
-    for _ in range(3000):
-        op = rng.random()
-        keys = list(dict.fromkeys(k(rng.randrange(universe)) for _ in range(rng.randrange(1, 6))))
-        if op < 0.4:
-            to_store = [key for key in keys if policy.get(key) is None]
-            shortfall = len(policy) + len(to_store) - c
-            if shortfall > 0:
-                victims = policy.evict(shortfall, set(keys))
-                assert victims == ref.evict(shortfall, set(keys))
-                if victims is None:
-                    continue
-            new = [blocks.new(rng.choice((0, 0, 0, -1))) for _ in to_store]
-            policy.insert_many(to_store, new)
-            for key, block in zip(to_store, new):
-                ref.insert(key, block)
-        elif op < 0.7:
-            policy.touch(keys, CTX)
-            ref.touch(keys)
-        elif op < 0.8:
-            n = rng.randrange(1, 4)
-            protected = set(keys)
-            assert policy.evict(n, protected) == ref.evict(n, protected)
-        elif op < 0.9:
-            for key in keys:
-                block = policy.get(key)
-                if block is not None:
-                    blocks.refs[block] = rng.choice((-1, 0, 0, 2))
-        elif op < 0.98:
-            for key in keys:
-                policy.remove(key)
-                ref.remove(key)
-        else:
-            policy.clear()
-            ref.blocks.clear()
+
+    def same_state() -> None:
         assert order(policy) == list(ref.blocks)
-        for key in keys:
-            assert policy.get(key) is ref.blocks.get(key)
         assert len(policy) == len(ref.blocks)
         check_invariants(policy)
+
+    match_reference(policy, ref, c, seed, same_state)
 
 
 # -- through the manager -----------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""Helpers for tests that drive a policy directly, the way the manager does."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from kv_offload import CachePolicy, OffloadKey, ReqContext, make_offload_key
+from kv_offload.block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
+
+CTX = ReqContext(req_id="test")
+
+
+def k(i: int) -> OffloadKey:
+    return make_offload_key(i)
+
+
+class Blocks:
+    """A ref-count table plus its BlockStatus class; ``new`` hands out the next slot."""
+
+    def __init__(self, size: int) -> None:
+        self.refs = [PENDING_REF_CNT] * size
+        self.cls = bind_block_status(self.refs)
+        self.next = 0
+
+    def new(self, ref_cnt: int = PENDING_REF_CNT) -> BlockStatus:
+        """A new block, pending (as freshly allocated) unless told otherwise."""
+        block = self.cls(self.next)
+        self.refs[block] = ref_cnt
+        self.next += 1
+        return block
+
+
+class Reference(Protocol):
+    """A policy written for clarity, not speed, that the optimised one must match."""
+
+    def get(self, key: OffloadKey) -> BlockStatus | None: ...
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None: ...
+    def touch(self, keys: list[OffloadKey]) -> None: ...
+    def remove(self, key: OffloadKey) -> None: ...
+    def clear(self) -> None: ...
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None: ...
+
+
+def match_reference(
+    policy: CachePolicy,
+    ref: Reference,
+    capacity: int,
+    seed: int,
+    same_state: Callable[[], None],
+    steps: int = 3000,
+) -> None:
+    """Random stores, touches, evictions, pins, removals and clears on both; after every
+    step the victims, the blocks ``get`` returns and ``same_state()`` must agree."""
+    rng = random.Random(seed)
+    blocks = Blocks(100_000)
+    universe = rng.choice((2 * capacity, 5 * capacity))
+    for _ in range(steps):
+        op = rng.random()
+        keys = list(dict.fromkeys(k(rng.randrange(universe)) for _ in range(rng.randrange(1, 6))))
+        if op < 0.42:
+            to_store = [key for key in keys if policy.get(key) is None]
+            shortfall = len(policy) + len(to_store) - capacity  # type: ignore[arg-type]
+            if shortfall > 0:
+                victims = policy.evict(shortfall, set(keys))
+                assert victims == ref.evict(shortfall, set(keys))
+                if victims is None:
+                    continue
+            new = [blocks.new(rng.choice((0, 0, 0, 0, PENDING_REF_CNT))) for _ in to_store]
+            policy.insert_many(to_store, new)
+            for key, block in zip(to_store, new):
+                ref.insert(key, block)
+        elif op < 0.72:
+            policy.touch(keys, CTX)
+            ref.touch(keys)
+        elif op < 0.82:
+            n = rng.randrange(1, 4)
+            assert policy.evict(n, set(keys)) == ref.evict(n, set(keys))
+        elif op < 0.9:
+            for key in keys:
+                resident = policy.get(key)
+                if resident is not None:
+                    blocks.refs[resident] = rng.choice((PENDING_REF_CNT, 0, 0, 2))
+        elif op < 0.99:
+            for key in keys:
+                policy.remove(key)
+                ref.remove(key)
+        else:
+            policy.clear()
+            ref.clear()
+        for key in keys:
+            assert policy.get(key) is ref.get(key)
+        same_state()
