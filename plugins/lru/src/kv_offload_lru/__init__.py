@@ -1,9 +1,9 @@
 """Least-recently-used eviction for kv-offload (entry point ``kv_offload.policies: lru``).
 
 The recency order is a queue of keys with lazy deletion, not an ``OrderedDict``. Once eviction
-churn has resized it, an ``OrderedDict`` costs about 125 bytes per block (a linked node per key
-and a node table as large as the hash table); a plain dict and a queue of key references cost
-about 75, which is what keeps a CPU tier of millions of blocks cheap to track.
+churn has resized it, an ``OrderedDict`` costs 120 to 195 bytes per block (a linked node per
+key and a node table as large as the hash table); a plain dict and a queue of key references
+cost 75 to 130, which is what keeps a CPU tier of millions of blocks cheap to track.
 
 Touching a block appends its key again instead of moving it: the key's older entry becomes
 stale and is dropped when it reaches the front. ``_stale`` counts the stale entries of each key
