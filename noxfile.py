@@ -55,6 +55,7 @@ def bench(session: nox.Session) -> None:
     install_stack(session)
     session.run("python", "benchmarks/replay.py", *session.posargs)
     session.run("python", "benchmarks/ceiling.py")
+    session.run("python", "benchmarks/memory.py")
     session.run("python", "benchmarks/dataplane.py")
     session.run("python", "benchmarks/hooks_overhead.py")
     session.run("python", "benchmarks/vllm_side_by_side.py")
