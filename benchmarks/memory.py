@@ -26,21 +26,25 @@ CAPACITIES = [5000, 8000, 12000, 16000, 20000, 30000, 45000, 100_000]
 BATCH = 16
 
 
-def traced_bytes(build: Callable[[], int]) -> float:
-    """Bytes still allocated after ``build()`` (which returns the resident count), per block."""
+def traced_bytes(build: Callable[[], tuple[object, int]]) -> float:
+    """Bytes still held by what ``build()`` returns (with its resident count), per block."""
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        resident = build()
+        structure, resident = build()
         gc.collect()
-        return (tracemalloc.get_traced_memory()[0] - before) / resident
+        held = tracemalloc.get_traced_memory()[0] - before
+        del structure
+        return held / resident
     finally:
         tracemalloc.stop()
 
 
-def churn_manager(policy: str, capacity: int, keys: list[OffloadKey]) -> Callable[[], int]:
-    def build() -> int:
+def churn_manager(
+    policy: str, capacity: int, keys: list[OffloadKey]
+) -> Callable[[], tuple[object, int]]:
+    def build() -> tuple[object, int]:
         manager = CPUOffloadingManager(capacity, cache_policy=policy)
         ctx = ReqContext(req_id="memory")
         for start in range(0, len(keys), BATCH):
@@ -49,21 +53,19 @@ def churn_manager(policy: str, capacity: int, keys: list[OffloadKey]) -> Callabl
                 manager.complete_store(out.keys_to_store, ctx)
             older = max(0, start - capacity // 2)
             manager.touch(keys[older : older + 4], ctx)
-        build.keep = manager  # type: ignore[attr-defined]  # alive until measured
-        return manager.num_resident_blocks
+        return manager, manager.num_resident_blocks
 
     return build
 
 
-def churn_ordered_dict(capacity: int, keys: list[OffloadKey]) -> Callable[[], int]:
-    def build() -> int:
+def churn_ordered_dict(capacity: int, keys: list[OffloadKey]) -> Callable[[], tuple[object, int]]:
+    def build() -> tuple[object, int]:
         lru: OrderedDict[OffloadKey, int] = OrderedDict()
         for slot, key in enumerate(keys):
             if len(lru) >= capacity:
                 lru.popitem(last=False)
             lru[key] = slot % capacity
-        build.keep = lru  # type: ignore[attr-defined]
-        return len(lru)
+        return lru, len(lru)
 
     return build
 

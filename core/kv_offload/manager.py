@@ -246,13 +246,13 @@ class CPUOffloadingManager:
 
     # -- lookups and loads ----------------------------------------------------------------
 
-    def _batch(
+    def _blocks_of(
         self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str
-    ) -> tuple[list[OffloadKey], set[OffloadKey], list[BlockStatus | None]]:
-        """The keys as a list and a set, with each key's block (``None`` if absent).
+    ) -> tuple[list[OffloadKey], list[BlockStatus | None]]:
+        """The keys as a list, with each key's block (``None`` if absent).
 
-        Raises, before anything changes, for a bad context, unhashable or repeated keys.
-        The checks are whole-batch C calls; the per-key diagnosis runs only on failure.
+        Raises, before anything changes, for a bad context or an unhashable key; the per-key
+        diagnosis runs only on failure.
         """
         try:
             if req_context.req_id is None:
@@ -261,10 +261,17 @@ class CPUOffloadingManager:
             _check_ctx(req_context, operation)
         key_list = keys if type(keys) is list else _as_list(keys, operation)
         try:
-            key_set = set(key_list)
             blocks = list(map(self._get, key_list))
         except TypeError:
             raise _malformed_keys(key_list, operation) from None
+        return key_list, blocks
+
+    def _batch(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str
+    ) -> tuple[list[OffloadKey], set[OffloadKey], list[BlockStatus | None]]:
+        """:meth:`_blocks_of` plus the keys as a set, raising for a repeated key."""
+        key_list, blocks = self._blocks_of(keys, req_context, operation)
+        key_set = set(key_list)  # hashable: every key was looked up
         if len(key_set) != len(key_list):
             raise _malformed_keys(key_list, operation)
         return key_list, key_set, blocks
@@ -535,13 +542,8 @@ class CPUOffloadingManager:
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Make stored blocks loadable, or free their slots when ``success`` is false."""
-        if getattr(req_context, "req_id", None) is None:
-            _check_ctx(req_context, "complete_store")
-        key_list = keys if type(keys) is list else _as_list(keys, "complete_store")
-        try:
-            blocks = list(map(self._get, key_list))
-        except TypeError:
-            raise _malformed_keys(key_list, "complete_store") from None
+        # Repeated keys are caught by the marking pass below, without building a set.
+        key_list, blocks = self._blocks_of(keys, req_context, "complete_store")
         refs = self._refs
         count = len(key_list)
         # One pass checks and marks. A block that is not pending (absent, loadable, or marked
