@@ -292,6 +292,7 @@ class TieringOffloadingManager:
             success=result.success,
             nbytes=nbytes,
             req_context=meta.req_context,
+            reason=result.reason,
         )
         self._call_hook(
             event_hook,
