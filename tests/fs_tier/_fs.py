@@ -56,7 +56,8 @@ def build_fs_stack(
 def standalone_tier(
     root: Path, cpu: CPUOffloadingManager | None = None, block: int = BLOCK, **args: Any
 ) -> FileSystemTier:
-    args.setdefault("capacity_blocks", 1000)
+    if "capacity_bytes" not in args:
+        args.setdefault("capacity_blocks", 1000)
     if cpu is None:
         cpu = CPUOffloadingManager(16, block_size_bytes=block)
     assert cpu.kv_buffer is not None

@@ -14,7 +14,6 @@ from _fs import (
     BLOCK,
     HIT,
     MISS,
-    PENDING,
     block_files,
     build_fs_stack,
     check_no_leaks,

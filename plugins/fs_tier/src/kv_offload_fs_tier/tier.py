@@ -83,7 +83,7 @@ class FsTierStats:
     dropped_blocks: int = 0
     #: why blocks were dropped on load ("checksum", "truncated", "missing", "EIO", ...)
     drop_reasons: dict[str, int] = field(default_factory=dict)
-    #: why stores failed ("ENOSPC", "EACCES", "EIO", "internal", "full", ...)
+    #: failed store jobs by reason ("ENOSPC", "EACCES", "EIO", "internal", "full", ...)
     store_errors: dict[str, int] = field(default_factory=dict)
     #: what the start found: blocks, leftover temporary files, files of the wrong size
     recovered_blocks: int = 0
@@ -99,6 +99,7 @@ class _Job:
     keys: int
     parts_left: int
     failed: int = 0
+    kind: str | None = None
     reason: str | None = None
 
 
@@ -391,13 +392,10 @@ class FileSystemTier(SecondaryTierManager):
                 index[key] = cost
                 self._used += cost
                 self._reserved -= cost
-            for key, kind, _ in outcome.failed:
+            for key, _, _ in outcome.failed:
                 self._reserved -= storing.pop(key)
-                self._count(stats.store_errors, kind)
             for key in outcome.untried:
                 self._reserved -= storing.pop(key)
-            if outcome.error is not None:
-                self._count(stats.store_errors, outcome.error[0])
             stats.stored_blocks += len(outcome.done)
         else:
             loading = self._loading
@@ -419,11 +417,12 @@ class FileSystemTier(SecondaryTierManager):
         if outcome.failed or outcome.untried:
             job.failed += len(outcome.failed) + len(outcome.untried)
             if job.reason is None and outcome.failed:
-                key, _, message = outcome.failed[0]
-                job.reason = f"block {key.hex()}: {message}"
+                key, kind, message = outcome.failed[0]
+                job.kind, job.reason = kind, f"block {key.hex()}: {message}"
         if outcome.error is not None:  # the blocks are whole, but not known to be durable
             job.failed += len(outcome.done)
-            job.reason = job.reason or outcome.error[1]
+            if job.reason is None:
+                job.kind, job.reason = outcome.error
         if job.parts_left:
             return
         del self._jobs[outcome.job_id]
@@ -435,6 +434,7 @@ class FileSystemTier(SecondaryTierManager):
         if job.failed:
             if store:
                 stats.failed_store_jobs += 1
+                self._count(stats.store_errors, job.kind or "unknown")
             else:
                 stats.failed_load_jobs += 1
             logger.warning(
