@@ -195,13 +195,7 @@ class RootDir:
 
     def _subdir(self, parent_fd: int, name: str) -> int:
         try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise self._read_only(exc) from exc
-        try:
-            fd = self._keep(os.open(name, _DIR_FLAGS, dir_fd=parent_fd))
+            fd = self._keep(self._open_or_make(parent_fd, name))
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise self._error(
@@ -215,6 +209,19 @@ class RootDir:
             except OSError as exc:
                 raise self._read_only(exc) from exc
         return fd
+
+    def _open_or_make(self, parent_fd: int, name: str) -> int:
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except FileNotFoundError:
+            pass
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise self._read_only(exc) from exc
+        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
 
     def _probe_writable(self) -> None:
         """A read-only root_dir fails here, at construction, not on the first store."""

@@ -98,6 +98,8 @@ class _Job:
     direction: JobDirection
     keys: int
     parts_left: int
+    order: list[bytes]  # a store's keys, in job order
+    written: set[bytes] = field(default_factory=set)
     failed: int = 0
     kind: str | None = None
     reason: str | None = None
@@ -333,7 +335,8 @@ class FileSystemTier(SecondaryTierManager):
         for key, slot in items:
             h = shard_of(key)
             by_lane.setdefault((h >> 8) % count, []).append((key, slot, h & 0xFF))
-        self._jobs[job.job_id] = _Job(job.direction, len(items), len(by_lane))
+        order = [key for key, _ in items] if job.direction is JobDirection.STORE else []
+        self._jobs[job.job_id] = _Job(job.direction, len(items), len(by_lane), order)
         for lane, part in by_lane.items():
             task = share(self, job.job_id, part)
             lanes.submit(lane, task, task.fail)
@@ -387,11 +390,9 @@ class FileSystemTier(SecondaryTierManager):
         index = self._index
         if outcome.direction is JobDirection.STORE:
             storing = self._storing
-            for key in outcome.done:
-                cost = storing.pop(key)
-                index[key] = cost
-                self._used += cost
-                self._reserved -= cost
+            # Written blocks join the index when the whole job is reported, in job order.
+            job_written = self._jobs[outcome.job_id].written
+            job_written.update(outcome.done)
             for key, _, _ in outcome.failed:
                 self._reserved -= storing.pop(key)
             for key in outcome.untried:
@@ -428,6 +429,12 @@ class FileSystemTier(SecondaryTierManager):
         del self._jobs[outcome.job_id]
         store = job.direction is JobDirection.STORE
         if store:
+            for key in job.order:
+                if key in job.written:
+                    cost = self._storing.pop(key)
+                    index[key] = cost
+                    self._used += cost
+                    self._reserved -= cost
             stats.stores_in_flight -= 1
         else:
             stats.loads_in_flight -= 1
