@@ -31,6 +31,7 @@ from kv_offload import (
     build_manager,
     create_plugin_manager,
     hookimpl,
+    make_offload_key,
 )
 from kv_offload_fs_tier import FileSystemTier
 
@@ -204,3 +205,24 @@ def test_duplicate_store_is_a_no_op(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert m.lookup(key(3), ctx) is MISS and m.lookup(key(1), ctx) is HIT
     assert not caplog.records
     m.shutdown()
+
+
+def test_evicted_files_are_recycled_for_later_stores(tmp_path: Path) -> None:
+    """A full tier overwrites evicted files instead of creating new ones; a recycled file
+    longer than the new block (a longer key) is cut to size, and the bytes come back right."""
+    root = tmp_path / "fs"
+    m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=4, io_threads=1)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    ctx = ReqContext("r")
+    store(m, [key(i) for i in range(4)], ctx)
+    inodes = {p.stat().st_ino for p in block_files(root)}
+    short = [make_offload_key(bytes([7, i])) for i in range(4)]  # 6-byte keys: smaller files
+    store(m, short, ctx)
+    assert {p.stat().st_ino for p in block_files(root)} == inodes  # the same files, reused
+    assert {p.name for p in block_files(root)} == {k.hex() for k in short}
+    m.reset_cache()  # the CPU tier forgets: the blocks come back from the recycled files
+    for k in short:
+        assert promote(m, k, ctx) is HIT
+    m.shutdown()
+    assert not temporary_files(root)  # spare files are not left behind

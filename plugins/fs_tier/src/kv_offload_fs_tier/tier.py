@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -47,6 +48,9 @@ from ._layout import RootDir, key_name, shard_of
 __all__ = ["FileSystemTier", "FsTierStats"]
 
 logger = logging.getLogger("kv_offload.fs_tier")
+
+#: Evicted block files kept for reuse at most (the rest are deleted).
+SPARE_FILES = 256
 
 _REASON_IN_RESULT = "reason" in {f.name for f in fields(JobResult)}
 
@@ -77,6 +81,7 @@ class FsTierStats:
     already_stored_blocks: int = 0
     loaded_blocks: int = 0
     evicted_blocks: int = 0
+    #: evicted block files removed from the shards (recycled for later stores or deleted)
     deleted_files: int = 0
     failed_store_jobs: int = 0
     failed_load_jobs: int = 0
@@ -183,6 +188,9 @@ class FileSystemTier(SecondaryTierManager):
             capacity_unit="bytes" if self._bytes_cost else "blocks",
         )
         self._closed = False
+        # Evicted files waiting to be overwritten by a store (deque: thread-safe ends).
+        self._spares: deque[tuple[str, int]] = deque()
+        self._spare_ids = itertools.count()
         self._root = RootDir(settings.root_dir, block_size, tier_type)
         try:
             scan = self._root.scan()
@@ -371,7 +379,7 @@ class FileSystemTier(SecondaryTierManager):
             h = shard_of(key)
             by_lane.setdefault((h >> 8) % count, []).append((key, h & 0xFF))
         for lane, part in by_lane.items():
-            task = _DeleteShare(self, part)
+            task = _EvictShare(self, part)
             self._lanes.submit(lane, task, task.fail)
 
     def get_finished(self) -> list[JobResult]:
@@ -477,6 +485,9 @@ class FileSystemTier(SecondaryTierManager):
         self._closed = True
         self._lanes.close()
         self.get_finished()
+        while self._spares:
+            with contextlib.suppress(OSError):
+                _io.remove_block(self._root.tmp_fd, self._spares.popleft()[0])
         self._root.close()
         if self.settings.delete_on_shutdown:
             self._root.destroy()
@@ -529,13 +540,18 @@ class _StoreShare(_Share):
         durable = tier._durable
         outcome = self.outcome
         synced: set[int] = set()
+        spares = tier._spares
         for position, (key, slot, shard) in enumerate(self.items):
             self._next = position
             row = tier._row(slot)
             header = _format.pack_header(key, block_size, _format.checksum(row))
             try:
+                spare = spares.popleft()
+            except IndexError:
+                spare = None
+            try:
                 _io.write_block(
-                    root.tmp_fd, root.shard_fds[shard], key_name(key), header, row, durable
+                    root.tmp_fd, root.shard_fds[shard], key_name(key), header, row, durable, spare
                 )
             except OSError as exc:
                 kind, message = _os_reason(exc)
@@ -592,24 +608,37 @@ class _LoadShare(_Share):
         return outcome
 
 
-class _DeleteShare:
+class _EvictShare:
+    """Evicted blocks' files: moved to the spare pool (up to ``SPARE_FILES``), else deleted."""
+
     def __init__(self, tier: FileSystemTier, items: list[tuple[bytes, int]]) -> None:
         self.tier = tier
         self.items = items
 
     def __call__(self) -> _Deleted:
-        fds = self.tier._root.shard_fds
+        tier = self.tier
+        root = tier._root
+        spares = tier._spares
         result = _Deleted(0, 0, 0)
         for key, shard in self.items:
+            name = key_name(key)
             try:
-                if _io.remove_block(fds[shard], key_name(key)):
-                    result.removed += 1
+                if len(spares) < SPARE_FILES:
+                    spare = f"spare-{next(tier._spare_ids)}"
+                    gone = not _io.recycle_block(root.shard_fds[shard], name, root.tmp_fd, spare)
+                    if not gone:
+                        spares.append((spare, _format.HEADER.size + len(key) + tier._block_size))
                 else:
-                    result.missing += 1
+                    gone = not _io.remove_block(root.shard_fds[shard], name)
             except OSError:
                 result.errors += 1
+                continue
+            if gone:
+                result.missing += 1
+            else:
+                result.removed += 1
         return result
 
     def fail(self, exc: BaseException) -> _Deleted:
-        logger.error("tier %r: deleting evicted blocks raised", self.tier.name, exc_info=exc)
+        logger.error("tier %r: removing evicted blocks raised", self.tier.name, exc_info=exc)
         return _Deleted(0, 0, len(self.items))
