@@ -238,34 +238,50 @@ class RootDir:
             raise self._read_only(exc) from exc
 
     def scan(self) -> ScanResult:
-        """Empty ``tmp/`` (blocks a killed process was writing) and list the complete blocks,
-        least recently written first. Files of the wrong size are removed; entries that are
-        not block files are counted and left alone (symlinks are removed, never followed)."""
+        """Empty ``tmp/`` (blocks a killed process was writing, spare files) and list the
+        complete blocks, least recently written first. Files of the wrong size are removed;
+        entries that are not block files are counted and left alone (symlinks are removed,
+        never followed). (Listing shards on several threads was no faster: the loop is
+        bound by the interpreter, not by ``stat``.)"""
         result = ScanResult()
         for entry in os.scandir(self.tmp_fd):
             if _remove_entry(self.tmp_fd, entry):
                 result.temporary_files += 1
+        parts = [self._scan_shard(shard) for shard in enumerate(self.shard_fds)]
         found: list[tuple[int, bytes]] = []
-        for shard, fd in enumerate(self.shard_fds):
-            for entry in os.scandir(fd):
-                key = _parse_name(entry.name)
-                if key is None or shard_of(key) & 0xFF != shard or entry.is_symlink():
-                    result.foreign_entries += 1
-                    if entry.is_symlink():
-                        _remove_entry(fd, entry)
-                    continue
-                info = entry.stat(follow_symlinks=False)
-                size = _format.HEADER.size + len(key) + self.block_size
-                if not stat.S_ISREG(info.st_mode):
-                    result.foreign_entries += 1
-                elif info.st_size != size:
-                    os.unlink(entry.name, dir_fd=fd)
-                    result.wrong_size_files += 1
-                else:
-                    found.append((info.st_mtime_ns, key))
+        for part, wrong_size, foreign in parts:
+            found += part
+            result.wrong_size_files += wrong_size
+            result.foreign_entries += foreign
         found.sort()
         result.keys = [key for _, key in found]
         return result
+
+    def _scan_shard(self, shard_fd: tuple[int, int]) -> tuple[list[tuple[int, bytes]], int, int]:
+        """One shard's blocks as (mtime, key), and its wrong-size and foreign entry counts."""
+        shard, fd = shard_fd
+        found: list[tuple[int, bytes]] = []
+        wrong_size = foreign = 0
+        sizes: dict[int, int] = {}
+        for entry in os.scandir(fd):
+            key = _parse_name(entry.name)
+            if key is None or shard_of(key) & 0xFF != shard or entry.is_symlink():
+                foreign += 1
+                if entry.is_symlink():
+                    _remove_entry(fd, entry)
+                continue
+            info = entry.stat(follow_symlinks=False)
+            size = sizes.get(len(key))
+            if size is None:
+                size = sizes[len(key)] = _format.HEADER.size + len(key) + self.block_size
+            if not stat.S_ISREG(info.st_mode):
+                foreign += 1
+            elif info.st_size != size:
+                os.unlink(entry.name, dir_fd=fd)
+                wrong_size += 1
+            else:
+                found.append((info.st_mtime_ns, key))
+        return found, wrong_size, foreign
 
     def close(self) -> None:
         """Close every descriptor; closing the lock file releases the lock."""
