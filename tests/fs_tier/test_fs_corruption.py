@@ -24,7 +24,7 @@ from _tiers import key
 from kv_offload import ConfigError, ReqContext, TieringOffloadingManager
 from kv_offload_fs_tier import FileSystemTier
 
-HEADER = 32 + 12  # fixed header + a 12-byte key (make_offload_key of an int)
+HEADER = 4096  # the header page: 32 bytes, the key, zeros
 
 
 def file_of(root: Path, i: int) -> Path:
@@ -83,9 +83,17 @@ def other_block_size_header(root: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def flip_padding_bit(root: Path) -> None:
+    path = file_of(root, 1)
+    data = bytearray(path.read_bytes())
+    data[HEADER - 1] ^= 0x80
+    path.write_bytes(bytes(data))
+
+
 DAMAGE: dict[str, tuple[Callable[[Path], None], dict[str, int]]] = {
     "bit-flip": (flip_payload_bit, {"checksum": 1}),
     "header-bit-flip": (flip_header_key_bit, {"wrong_key": 1}),
+    "padding-bit-flip": (flip_padding_bit, {"header": 1}),
     "truncated": (truncate, {"truncated": 1}),
     "appended": (append, {"too_long": 1}),
     "swapped": (swap, {"wrong_key": 2}),

@@ -318,7 +318,7 @@ def test_capacity_holds_under_concurrent_stores(
     are the index, and their bytes are right."""
     cpu = CPUOffloadingManager(64, block_size_bytes=BLOCK)
     assert cpu.kv_buffer is not None
-    file_size = 32 + 12 + BLOCK
+    file_size = 4096 + BLOCK
     bound = {"capacity_blocks": 20} if unit == "blocks" else {"capacity_bytes": 20 * file_size}
     tier = standalone_tier(tmp_path / "fs", cpu, io_threads=4, **bound)
     rows = cpu.kv_buffer.array

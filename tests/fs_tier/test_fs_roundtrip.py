@@ -208,8 +208,8 @@ def test_duplicate_store_is_a_no_op(tmp_path: Path, caplog: pytest.LogCaptureFix
 
 
 def test_evicted_files_are_recycled_for_later_stores(tmp_path: Path) -> None:
-    """A full tier overwrites evicted files instead of creating new ones; a recycled file
-    longer than the new block (a longer key) is cut to size, and the bytes come back right."""
+    """A full tier overwrites evicted files instead of creating new ones (keys of another
+    length too), and the bytes come back right."""
     root = tmp_path / "fs"
     m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=4, io_threads=1)
     tier = m.tiers[0]
@@ -217,7 +217,7 @@ def test_evicted_files_are_recycled_for_later_stores(tmp_path: Path) -> None:
     ctx = ReqContext("r")
     store(m, [key(i) for i in range(4)], ctx)
     inodes = {p.stat().st_ino for p in block_files(root)}
-    short = [make_offload_key(bytes([7, i])) for i in range(4)]  # 6-byte keys: smaller files
+    short = [make_offload_key(bytes([7, i])) for i in range(4)]  # 6-byte keys
     store(m, short, ctx)
     assert {p.stat().st_ino for p in block_files(root)} == inodes  # the same files, reused
     assert {p.name for p in block_files(root)} == {k.hex() for k in short}

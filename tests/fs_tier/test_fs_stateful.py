@@ -129,7 +129,7 @@ class FsTierMachine(RuleBasedStateMachine):
                 self.model.move_to_end(k)
 
     @precondition(lambda self: self.model)
-    @rule(data=st.data(), offset=st.integers(0, 32 + 12 + BLOCK - 1))
+    @rule(data=st.data(), offset=st.integers(0, 4096 + BLOCK - 1))
     def damage_then_load(self, data: st.DataObject, offset: int) -> None:
         k = data.draw(st.sampled_from(list(self.model)))
         path = self.root / "blocks"

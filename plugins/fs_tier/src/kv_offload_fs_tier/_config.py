@@ -9,6 +9,8 @@ from typing import Any
 
 from kv_offload.errors import ConfigError
 
+from ._format import file_size
+
 __all__ = ["FSYNC_MODES", "MAX_IO_THREADS", "FsTierSettings", "validate"]
 
 FSYNC_MODES = ("always", "never")
@@ -66,10 +68,10 @@ def validate(
     else:
         capacity = _positive_int(tier, "capacity_bytes", capacity_bytes, "e.g. 107374182400")
         in_bytes = True
-        if capacity < block_size:
+        if capacity < file_size(block_size):
             raise ConfigError(
-                f"tier {tier!r}: capacity_bytes {capacity} is smaller than one block "
-                f"({block_size} bytes); raise it"
+                f"tier {tier!r}: capacity_bytes {capacity} is smaller than one block file "
+                f"({file_size(block_size)} bytes); raise it"
             )
     if fsync not in FSYNC_MODES:
         raise ConfigError(

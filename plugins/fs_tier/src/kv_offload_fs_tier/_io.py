@@ -47,19 +47,19 @@ def write_block(
     tmp_fd: int,
     shard_fd: int,
     name: str,
-    header: bytes,
+    header: list[memoryview],
     row: memoryview,
     durable: bool,
     spare: tuple[str, int] | None = None,
 ) -> None:
-    """Write ``header`` + ``row`` as block file ``name`` of the shard, atomically.
+    """Write ``header`` (buffers) + ``row`` as block file ``name`` of the shard, atomically.
 
     ``spare`` (name in ``tmp/``, size) is an evicted block's file to overwrite instead of
     creating a new one: on ext4 a new file's first write costs ~10x an overwrite (measured
     by ``benchmarks/fs_tier.py``, "cold" against "steady" stores). It is as invisible as a
     new temporary file until the rename.
     """
-    size = len(header) + len(row)
+    size = sum(len(part) for part in header) + len(row)
     if spare is None:
         tmp_name = name + ".tmp"
         fd = os.open(tmp_name, _WRITE_FLAGS, 0o600, dir_fd=tmp_fd)
@@ -68,7 +68,7 @@ def write_block(
         fd = os.open(tmp_name, _REUSE_FLAGS, dir_fd=tmp_fd)
     try:
         try:
-            _write_all(fd, [memoryview(header), row])
+            _write_all(fd, [*header, row])
             if spare is not None and spare[1] > size:
                 os.ftruncate(fd, size)
             if durable:

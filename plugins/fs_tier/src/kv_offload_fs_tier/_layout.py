@@ -262,7 +262,7 @@ class RootDir:
         shard, fd = shard_fd
         found: list[tuple[int, bytes]] = []
         wrong_size = foreign = 0
-        sizes: dict[int, int] = {}
+        size = _format.file_size(self.block_size)
         for entry in os.scandir(fd):
             key = _parse_name(entry.name)
             if key is None or shard_of(key) & 0xFF != shard or entry.is_symlink():
@@ -271,9 +271,6 @@ class RootDir:
                     _remove_entry(fd, entry)
                 continue
             info = entry.stat(follow_symlinks=False)
-            size = sizes.get(len(key))
-            if size is None:
-                size = sizes[len(key)] = _format.HEADER.size + len(key) + self.block_size
             if not stat.S_ISREG(info.st_mode):
                 foreign += 1
             elif info.st_size != size:

@@ -173,7 +173,7 @@ class FileSystemTier(SecondaryTierManager):
         self._capacity = settings.capacity
         self._bytes_cost = settings.capacity_in_bytes
         self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
-        self._costs: dict[int, int] = {}
+        self._file_cost = _format.file_size(block_size) if self._bytes_cost else 1
         # key -> cost (1, or the file's bytes), least recently used first; scheduler-only
         self._index: OrderedDict[bytes, int] = OrderedDict()
         self._used = 0
@@ -228,13 +228,8 @@ class FileSystemTier(SecondaryTierManager):
     # -- scheduler side: memory only ------------------------------------------------------
 
     def _cost(self, key: bytes) -> int:
-        """1 per block, or its file size; one shared int per key length."""
-        if not self._bytes_cost:
-            return 1
-        size = self._costs.get(len(key))
-        if size is None:
-            size = self._costs[len(key)] = _format.HEADER.size + len(key) + self._block_size
-        return size
+        """1 per block, or its file size (one shared int)."""
+        return self._file_cost
 
     def __len__(self) -> int:
         return len(self._index)
@@ -581,10 +576,10 @@ class _LoadShare(_Share):
         block_size = tier._block_size
         outcome = self.outcome
         spare = bytearray(1)
+        head = bytearray(_format.HEADER_SPACE)
         for position, (key, slot, shard) in enumerate(self.items):
             self._next = position
             row = tier._row(slot)
-            head = bytearray(_format.HEADER.size + len(key))
             shard_fd = root.shard_fds[shard]
             name = key_name(key)
             problem: tuple[str, str] | None
@@ -627,7 +622,7 @@ class _EvictShare:
                     spare = f"spare-{next(tier._spare_ids)}"
                     gone = not _io.recycle_block(root.shard_fds[shard], name, root.tmp_fd, spare)
                     if not gone:
-                        spares.append((spare, _format.HEADER.size + len(key) + tier._block_size))
+                        spares.append((spare, _format.file_size(tier._block_size)))
                 else:
                     gone = not _io.remove_block(root.shard_fds[shard], name)
             except OSError:
