@@ -23,6 +23,8 @@ import os
 __all__ = ["read_block", "recycle_block", "remove_block", "sync_dir", "write_block"]
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# macOS has no fdatasync; fsync is the same guarantee there, and more.
+_datasync = getattr(os, "fdatasync", os.fsync)
 _REUSE_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -72,7 +74,7 @@ def write_block(
             if spare is not None and spare[1] > size:
                 os.ftruncate(fd, size)
             if durable:
-                os.fdatasync(fd)
+                _datasync(fd)
         finally:
             os.close(fd)
         os.rename(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=shard_fd)
