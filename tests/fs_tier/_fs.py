@@ -8,7 +8,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from _tiers import block_bytes, expected_rows, key
 from kv_offload import (
     CPUOffloadingManager,
@@ -23,8 +22,11 @@ from kv_offload_fs_tier import FileSystemTier
 
 __all__ = [
     "BLOCK",
+    "all_modes",
     "block_files",
     "build_fs_stack",
+    "check_no_leaks",
+    "evict_from_cpu",
     "key",
     "promote",
     "standalone_tier",
@@ -132,7 +134,3 @@ def all_modes(path: Path) -> Iterable[tuple[Path, int]]:
         for name in [*dirnames, *filenames]:
             p = Path(dirpath) / name
             yield p, os.lstat(p).st_mode & 0o777
-
-
-def as_array(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, np.uint8)
