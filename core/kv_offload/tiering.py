@@ -69,6 +69,7 @@ class TieringStats:
 class _Job:
     tier: int
     meta: JobMetadata
+    submitted: float  # time.perf_counter() at submission
 
 
 class TieringOffloadingManager:
@@ -217,7 +218,7 @@ class TieringOffloadingManager:
         job_id = self._next_job_id
         self._next_job_id += 1
         meta = JobMetadata(job_id, keys, slots, direction, ctx)
-        self._jobs[job_id] = _Job(index, meta)
+        self._jobs[job_id] = _Job(index, meta, time.perf_counter())
         tier = self.tiers[index]
         try:
             if direction is JobDirection.LOAD:
@@ -292,6 +293,7 @@ class TieringOffloadingManager:
             success=result.success,
             nbytes=nbytes,
             req_context=meta.req_context,
+            seconds=time.perf_counter() - job.submitted,
         )
         self._call_hook(
             event_hook,
