@@ -42,9 +42,11 @@ _PENDING = LookupResult.PENDING
 
 @dataclass
 class TierStats:
-    """Counters of one secondary tier, cumulative."""
+    """Counters of one secondary tier, cumulative. ``lookups`` counts the CPU misses this
+    tier was asked about, ``lookup_hits`` those it held."""
 
     name: str
+    lookups: int = 0
     lookup_hits: int = 0
     promoted_blocks: int = 0
     failed_promotions: int = 0
@@ -162,6 +164,7 @@ class TieringOffloadingManager:
             self._found.setdefault(req_context.req_id, set()).add(key)
             return result
         for index, tier in enumerate(self.tiers):
+            self._tier_stats[index].lookups += 1
             if tier.lookup(key, req_context) is True:
                 answer = self._reserve_promotion(index, key, req_context)
                 if answer is _PENDING:
