@@ -457,7 +457,8 @@ def hook_settings_error(config: StackConfig, exc: PluginSettingsError) -> Config
     (else at its ``[hooks.<name>]`` table)."""
     v = _Validator(_Locator(config.source, _read_text(config.source)))
     table = config.hooks.settings.get(exc.plugin, {})
-    bad = next((k for k in table if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
+    named = [(m.start(), k) for k in table if (m := re.search(rf"\b{re.escape(k)}\b", str(exc)))]
+    bad = min(named)[1] if named else None  # the setting the message names first
     path: _Path = ("hooks", exc.plugin, bad) if bad is not None else ("hooks", exc.plugin)
     return v.fail(path, str(exc))
 
