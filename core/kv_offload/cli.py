@@ -16,7 +16,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     hooks = described["hooks"]
     print(
         f"  hooks: autoload={hooks['autoload']}, enable={hooks['enable']}, block={hooks['block']}"
+        + "".join(
+            f"\n  [hooks.{name}]: {table}" for name, table in hooks.get("settings", {}).items()
+        )
     )
     if not stack.allow_module_path:
         print("  module_path imports: forbidden")
@@ -216,8 +219,38 @@ def _run(
         manager.shutdown()
 
 
+#: The hook plugin ``--metrics-port`` configures, and the distribution that provides it.
+METRICS_PLUGIN = ("prometheus", "kv-offload-prometheus")
+
+
+def _with_metrics(stack: StackConfig, port: int, addr: str) -> StackConfig:
+    """``stack`` with the Prometheus exporter loaded and serving on ``addr:port``."""
+    name, dist = METRICS_PLUGIN
+    if name not in {ep.name for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}:
+        raise KVOffloadError(f"--metrics-port needs the {name!r} hook plugin: pip install {dist}")
+    hooks = stack.hooks
+    table = {**hooks.settings.get(name, {}), "port": port, "addr": addr}
+    enable = hooks.enable if not hooks.enable or name in hooks.enable else (*hooks.enable, name)
+    hooks = replace(
+        hooks,
+        autoload=True,
+        enable=enable if hooks.autoload else (name,),  # autoload = false: only the exporter
+        settings={**hooks.settings, name: table},
+    )
+    stack = replace(stack, hooks=hooks)
+    resolve_config(stack)
+    return stack
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     stack = _load(args.config)
+    if args.metrics_port is not None:
+        stack = _with_metrics(stack, args.metrics_port, args.metrics_addr)
+        print(
+            f"serving metrics at http://{args.metrics_addr}:{args.metrics_port}/metrics "
+            "during the replay",
+            file=sys.stderr,
+        )
     requests = _requests(args.trace, args.limit)
     report = _run(stack, requests, args.progress, "replay")
     status = 0 if report["corrupted_blocks"] == 0 else 1
@@ -385,6 +418,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", type=Path)
     p.add_argument("--limit", type=_positive_int, help="replay only the first N lines")
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    p.add_argument(
+        "--metrics-port",
+        type=_positive_int,
+        metavar="PORT",
+        help="serve Prometheus metrics on PORT during the replay (needs kv-offload-prometheus)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address --metrics-port binds (default 127.0.0.1)",
+    )
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser(
