@@ -1,7 +1,7 @@
 """kv-offload-prometheus, installed as a distribution and enabled by config, scraped for real.
 
 Each stack replays the head of the bundled Mooncake trace through a CPU tier, the example
-tier and a tier that fails and delays jobs (``tests/_tiers.py``), with real bytes. The
+tier and a tier that fails and holds jobs (kv-offload-faulty-tier), with real bytes. The
 exporter serves ``/metrics`` on 127.0.0.1 (``port = 0``: a free port), the test fetches it
 over HTTP and parses it with ``prometheus_client.parser``; every counter and gauge must
 equal the manager's own ``get_stats()`` (or, for what only hooks see, a second hook plugin's
@@ -15,7 +15,6 @@ import math
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ import pytest
 from kv_offload import (
     ConfigError,
     ReqContext,
-    SecondaryTierFactory,
     TieringOffloadingManager,
     build_manager,
     hookimpl,
@@ -46,21 +44,21 @@ def requests() -> list[tuple[ReqContext, list[Any]]]:
     return [(ReqContext(r.req_id), r.keys) for r in read_trace(TRACE, 600)]
 
 
-@pytest.fixture(autouse=True)
-def faulty_tier() -> Iterator[None]:
-    SecondaryTierFactory.register_tier("faulty", "_tiers", "FaultyTier")
-    yield
-    SecondaryTierFactory.unregister_tier("faulty")
-
-
 def stack(settings: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    """A config dict: 300 CPU blocks, the example tier, a faulty tier, the exporter."""
+    """A config dict: 300 CPU blocks, the example tier, a tier failing and holding jobs,
+    and the exporter on a free port."""
     return {
         "num_blocks": 300,
         "block_size_bytes": 256,
         "tiers": [
             {"type": "example", "capacity_blocks": 2000},
-            {"type": "faulty", "fail_rate": 0.2, "max_delay": 2, "seed": 7},
+            {
+                "type": "faulty",  # kv-offload-faulty-tier around a second example tier
+                "fail_rate": 0.2,
+                "delay_polls": 2,
+                "seed": 7,
+                "inner": {"type": "example", "capacity_blocks": 2000},
+            },
         ],
         "hooks": {"enable": ["prometheus"], "prometheus": {"port": 0, **(settings or {})}},
         **extra,
