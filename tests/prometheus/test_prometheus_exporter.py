@@ -10,8 +10,10 @@ own count), and no sample may be left unexplained.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -388,3 +390,19 @@ def test_installed_as_a_distribution_with_its_entry_point() -> None:
         r.startswith("prometheus-client") or r.startswith("prometheus_client")
         for r in dist.requires or []
     )
+
+
+def test_grafana_dashboard_queries_exported_metrics(requests: list[Any]) -> None:
+    """docs/grafana-kv-offload.json is valid JSON and every metric it queries is exported."""
+    dashboard = json.loads((ROOT / "docs" / "grafana-kv-offload.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queried = {name for expr in exprs for name in re.findall(r"\bkv_offload_[a-z_]+", expr)}
+    manager, exporter, _ = replayed(stack(), requests[:50])
+    try:
+        exported = {name for name, _ in scrape(exporter.url)}
+    finally:
+        manager.shutdown()
+    assert queried and queried <= exported, queried - exported
+    every_family = {re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in exported}
+    shown = {re.sub(r"_(total|bucket)$", "", n) for n in queried}
+    assert every_family - {"kv_offload_evictable_blocks", "kv_offload_promotions_refused"} <= shown
