@@ -266,6 +266,10 @@ def _with_metrics(stack: StackConfig, port: int, addr: str) -> StackConfig:
     if name not in {ep.name for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}:
         raise KVOffloadError(f"--metrics-port needs the {name!r} hook plugin: pip install {dist}")
     hooks = stack.hooks
+    if name in hooks.block:
+        raise KVOffloadError(
+            f"--metrics-port: {stack.source} blocks the {name!r} hook plugin ([hooks] block)"
+        )
     table = {**hooks.settings.get(name, {}), "port": port, "addr": addr}
     enable = hooks.enable if not hooks.enable or name in hooks.enable else (*hooks.enable, name)
     hooks = replace(
