@@ -10,11 +10,13 @@ own count), and no sample may be left unexplained.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
 import re
 import socket
+import threading
 import urllib.error
 import urllib.request
 from importlib import metadata
@@ -406,3 +408,37 @@ def test_grafana_dashboard_queries_exported_metrics(requests: list[Any]) -> None
     every_family = {re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in exported}
     shown = {re.sub(r"_(total|bucket)$", "", n) for n in queried}
     assert every_family - {"kv_offload_evictable_blocks", "kv_offload_promotions_refused"} <= shown
+
+
+def test_scrapes_during_a_replay_parse_and_never_go_down(requests: list[Any]) -> None:
+    """Scrapes run on the server's threads while the manager changes: each must parse, and
+    no counter may decrease between two of them."""
+    manager = build_manager(stack())
+    exporter = manager.plugin_manager.get_plugin("prometheus")
+    scrapes: list[dict[Sample, float]] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def scraper() -> None:
+        while not done.is_set():
+            try:
+                scrapes.append(scrape(exporter.url))
+            except BaseException as exc:  # reported by the test thread
+                errors.append(exc)
+                return
+            done.wait(0.01)
+
+    thread = threading.Thread(target=scraper)
+    thread.start()
+    try:
+        replay(manager, requests[:250], data_plane=True)
+    finally:
+        done.set()
+        thread.join()
+        manager.shutdown()
+    assert not errors, errors
+    assert len(scrapes) >= 3
+    for before, after in itertools.pairwise(scrapes):
+        for sample, value in before.items():
+            if sample[0].endswith(("_total", "_count", "_sum", "_bucket")) and sample in after:
+                assert after[sample] >= value, sample
