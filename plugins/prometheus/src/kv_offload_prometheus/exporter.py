@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kv_offload import ConfigError, hookimpl
-from prometheus_client import REGISTRY, CollectorRegistry, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from .latency import Latency, latency_family
 from .metrics import Families
 from .settings import Settings
 
@@ -56,7 +57,7 @@ class _Watched:
     requests_started: int = 0
     requests_finished: int = 0
     jobs: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    latency: dict[tuple[str, str], Any] = field(default_factory=dict)
+    latency: dict[tuple[str, str], Latency] = field(default_factory=dict)
 
     def manager(self) -> Any:
         for ref in reversed(self.sources):
@@ -84,12 +85,14 @@ class _Collector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         # Names only: registering must not read a manager.
-        yield from Families(self._exporter.settings.prefix).all()
-        yield from self._exporter._latency.describe()
+        prefix = self._exporter.settings.prefix
+        yield from Families(prefix).all()
+        yield latency_family(prefix)
 
     def collect(self) -> Iterator[Metric]:
         exporter = self._exporter
         families = Families(exporter.settings.prefix)
+        latency = latency_family(exporter.settings.prefix)
         for record in exporter._exported():
             manager = record.manager()
             if manager is None or record.label is None:
@@ -98,8 +101,11 @@ class _Collector(Collector):
             families.add_hook_counts(
                 record.label, record.requests_started, record.requests_finished, dict(record.jobs)
             )
+            for (tier, direction), observed in sorted(dict(record.latency).items()):
+                buckets, total = observed.samples()
+                latency.add_metric([record.label, tier, direction], buckets, total)
         yield from families.all()
-        yield from exporter._latency.collect()
+        yield latency
 
 
 class PrometheusExporter:
@@ -120,13 +126,6 @@ class PrometheusExporter:
         self._thread: threading.Thread | None = None
         #: The port the server listens on (the real one when ``port = 0``), else ``None``.
         self.port: int | None = None
-        self._latency = Histogram(
-            f"{settings.prefix}_tier_job_duration_seconds",
-            "Seconds from a tier job's submission to the manager collecting its result",
-            ["manager", "tier", "direction"],
-            buckets=settings.buckets,
-            registry=None,
-        )
         self.collector = _Collector(self)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self.collector)
@@ -247,12 +246,8 @@ class PrometheusExporter:
             if record is None:
                 return
             record.ids.remove(key)
-            if record.ids:
-                return
-            if record.label is not None:
-                for tier, direction in record.latency:
-                    self._latency.remove(record.label, tier, direction)
-            record.label = None
+            if not record.ids:
+                record.label = None  # out of the next scrape
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -280,14 +275,10 @@ class PrometheusExporter:
         jobs = record.jobs
         key = (tier, direction, "success" if success else "failure")
         jobs[key] = jobs.get(key, 0) + 1
-        child = record.latency.get((tier, direction))
-        if child is None:
-            if record.label is None:
-                return
-            child = record.latency[(tier, direction)] = self._latency.labels(
-                record.label, tier, direction
-            )
-        child.observe(seconds)
+        latency = record.latency.get((tier, direction))
+        if latency is None:
+            latency = record.latency[(tier, direction)] = Latency(self.settings.buckets)
+        latency.observe(seconds)
 
     @hookimpl
     def kv_offload_shutdown(self, manager: Any) -> None:
