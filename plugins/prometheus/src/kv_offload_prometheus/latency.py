@@ -1,10 +1,11 @@
 """The tier-job latency histogram: bucket counts kept by the hook, exposed at scrape time.
 
 Speed: ``prometheus_client.Histogram.observe`` takes a lock per bucket and per sum and scans
-the bounds in Python, about 2 us per observation, and a replay reports several tier jobs per
-request (every promotion is one). ``benchmarks/prometheus_overhead.py`` measured that at
-about a tenth of the replay's time. Here one writer (the manager's thread) bisects the bounds
-in C and increments a list entry; scrapes copy the list. The reference is
+the bounds in Python. Timed side by side, the tier-job hook cost 22 us with it and 7 us with
+this (the request hooks: 1 us), and the replay of ``benchmarks/prometheus_overhead.py``
+reports five tier jobs per request (every promotion is one), about 870 us of work: the
+``Histogram`` alone was about a tenth of the replay. Here one writer (the manager's thread)
+bisects the bounds in C and increments a list entry; scrapes copy the list. The reference is
 ``prometheus_client.Histogram`` itself: ``tests/prometheus`` feeds both the same observations
 and requires the same samples.
 """
