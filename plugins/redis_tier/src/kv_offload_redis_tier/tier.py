@@ -191,7 +191,14 @@ class RedisTier(SecondaryTierManager):
         while done:
             result, job = done.popleft()
             self._in_flight -= 1
-            if not job.is_promotion:
+            if job.is_promotion:
+                if not result.success:
+                    # Whatever made it fail (server down, value gone or corrupt), what the
+                    # tier believed about these keys is stale: the next lookup asks again
+                    # (else a cached "present" would promote, fail and promote forever).
+                    for key in job.keys:
+                        self._lookups.forget(key)
+            else:
                 for key in job.keys:
                     left = self._storing.get(key, 1) - 1
                     if left:
@@ -430,6 +437,11 @@ class RedisTier(SecondaryTierManager):
                         raise ConfigError(
                             f"tier {s.tier!r}: {s.safe_url} refused the credentials "
                             f"({exc}); check the password in the url or in password_env"
+                        ) from None
+                    if at_startup and "certificate verify failed" in str(exc).lower():
+                        raise ConfigError(
+                            f"tier {s.tier!r}: the TLS certificate of {s.safe_url} is not "
+                            f"trusted ({exc}); set tls_ca_file to the CA that signed it"
                         ) from None
                     raise _BatchFailed(f"{self._where(server)}: {type(exc).__name__}") from None
                 breaker.success()
