@@ -43,6 +43,7 @@ from typing import Any
 from .errors import ConfigError, KVOffloadError, PluginNotFoundError
 from .hooks import HOOK_ENTRY_POINT_GROUP
 from .plugins import PluginInfo
+from .redact import redact_secrets
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,7 +119,8 @@ class StackConfig:
                 "policy_module_path": self.policy_module_path,
                 "enable_events": self.enable_events,
             },
-            "tiers": [t.as_factory_config() for t in self.tiers],
+            # Printed by `kv-offload validate`: credentials in tier arguments are masked.
+            "tiers": [redact_secrets(t.as_factory_config()) for t in self.tiers],
             "hooks": {
                 "autoload": self.hooks.autoload,
                 "enable": list(self.hooks.enable),
