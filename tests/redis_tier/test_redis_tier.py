@@ -339,3 +339,17 @@ def test_tls(tmp_path: Path, password_env: str) -> None:
             redis_stack(server.url(), password_env=password_env, namespace="tls2")
     finally:
         server.stop()
+
+
+def test_in_flight_limit_refuses_jobs_at_once(redis_server: RedisServer, password_env: str) -> None:
+    manager = redis_stack(
+        redis_server.url(), password_env=password_env, namespace=namespace(), max_in_flight=2
+    )
+    for i in range(5):  # five cascades submitted before the manager polls any result
+        store(manager, [key(i)], ReqContext(req_id=f"r{i}"))
+    manager.drain()
+    assert tier_of(manager).get_stats()["refused_jobs"] == 3
+    stats = manager.get_stats().tiers[0]
+    assert stats.cascaded_blocks == 2 and stats.failed_cascades == 3
+    assert_quiet(manager)
+    manager.shutdown()
