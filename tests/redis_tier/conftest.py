@@ -6,10 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _servers import RedisServer, start_cluster
-
-PASSWORD = "s3cret-for-tests-only"
-PASSWORD_ENV = "KVO_TEST_REDIS_PASSWORD"
+from _redis_servers import PASSWORD, PASSWORD_ENV, RedisServer, start_cluster
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _servers import RedisServer, make_tls_files
-from _stack import BLOCK, assert_quiet, load_and_check, redis_stack, resolve, store
+from _redis_servers import PASSWORD, RedisServer, make_tls_files
+from _redis_stack import BLOCK, assert_quiet, load_and_check, redis_stack, resolve, store
 from _tiers import key
-from conftest import PASSWORD
 from kv_offload import ConfigError, LookupResult, ReqContext
 from kv_offload_redis_tier import RedisTier
 from kv_offload_redis_tier.codec import check
@@ -83,7 +82,7 @@ WRITER = """
 import sys
 sys.path.insert(0, {tests!r})
 sys.path.insert(0, {here!r})
-from _stack import redis_stack, store
+from _redis_stack import redis_stack, store
 from _tiers import key
 from kv_offload import ReqContext
 manager = redis_stack({url!r}, password_env={env!r}, namespace={ns!r})

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _servers import free_port
-from _stack import BLOCK, assert_quiet, redis_stack, resolve, store
+from _redis_servers import free_port
+from _redis_stack import BLOCK, assert_quiet, redis_stack, resolve, store
 from _tiers import key
 from kv_offload import ConfigError, LookupResult, ReqContext
 from kv_offload_redis_tier import codec

@@ -21,7 +21,11 @@ from pathlib import Path
 import pytest
 import redis
 
-__all__ = ["RedisServer", "free_port", "need", "start_cluster"]
+__all__ = ["PASSWORD", "PASSWORD_ENV", "RedisServer", "free_port", "need", "start_cluster"]
+
+#: The test servers' password, and the variable the stacks read it from (``password_env``).
+PASSWORD = "s3cret-for-tests-only"
+PASSWORD_ENV = "KVO_TEST_REDIS_PASSWORD"
 
 INSTALL_HINT = (
     "install it to run the Redis tier tests: `apt-get install -y redis-server` "
