@@ -6,6 +6,7 @@ Each test uses its own namespace on the shared server, or a server of its own wh
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -185,6 +186,42 @@ def test_server_killed_and_restarted_mid_replay(own_server: RedisServer, passwor
     assert resolve(manager, fresh, reader) == [HIT] * 12
     load_and_check(manager, fresh, reader)
     assert manager.get_stats().tiers[0].promoted_blocks == 12
+    assert_quiet(manager)
+    manager.shutdown()
+
+
+def test_frozen_server_fails_in_flight_jobs_within_the_timeout(
+    own_server: RedisServer, password_env: str
+) -> None:
+    """A server that stops answering (SIGSTOP) but keeps its sockets open: the jobs waiting
+    on it fail once ``timeout_s`` has passed, not later, and the tier resumes after SIGCONT."""
+    assert own_server.process is not None
+    manager = redis_stack(
+        own_server.url(), password_env=password_env, namespace=namespace(), timeout_s=0.5,
+        retry_after_s=0.1, max_retry_after_s=0.2,
+    )  # fmt: skip
+    tier = tier_of(manager)
+    own_server.process.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        ctx = ReqContext(req_id="frozen")
+        store(manager, [key(i) for i in range(8)], ctx)
+        manager.drain(10.0)
+        elapsed = time.monotonic() - start
+    finally:
+        own_server.process.send_signal(signal.SIGCONT)
+    assert manager.get_stats().tiers[0].failed_cascades == 8
+    assert 0.4 < elapsed < 3.0, elapsed  # one socket timeout (0.5 s), not one per block
+    assert tier.get_stats()["server_errors"] >= 1
+    deadline = time.monotonic() + 10.0
+    while True:  # the next attempt after the breaker's delay reaches the thawed server
+        more = ReqContext(req_id=f"thawed-{time.monotonic()}")
+        store(manager, [key(int(time.monotonic() * 1000))], more)
+        manager.drain(10.0)
+        if manager.get_stats().tiers[0].cascaded_blocks:
+            break
+        assert time.monotonic() < deadline, "the tier did not resume"
+        time.sleep(0.1)
     assert_quiet(manager)
     manager.shutdown()
 
