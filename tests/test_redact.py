@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from kv_offload.cli import main
 from kv_offload.redact import redact_secrets, redact_url
 
 SECRET = "hunter2-not-for-print"
@@ -45,15 +44,16 @@ def test_redact_secrets_walks_arguments_and_keeps_env_var_names() -> None:
 
 
 @pytest.mark.parametrize("as_json", [False, True])
-def test_validate_never_prints_a_url_password(tmp_path: Path, as_json: bool) -> None:
+def test_validate_never_prints_a_url_password(
+    tmp_path: Path, as_json: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "stack.toml"
     config.write_text(
         'num_blocks = 16\nblock_size_bytes = 4096\n\n[[tiers]]\ntype = "redis"\n'
         f'url = "redis://:{SECRET}@127.0.0.1:6379/0"\n'
     )
     pytest.importorskip("kv_offload_redis_tier")
-    args = [sys.executable, "-m", "kv_offload.cli", "validate", str(config)]
-    proc = subprocess.run(args + (["--json"] if as_json else []), capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert SECRET not in proc.stdout + proc.stderr
-    assert "redis://:***@127.0.0.1:6379/0" in proc.stdout
+    assert main(["validate", str(config), *(["--json"] if as_json else [])]) == 0
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err
+    assert "redis://:***@127.0.0.1:6379/0" in out
