@@ -136,10 +136,12 @@ def test_server_killed_and_restarted_mid_replay(own_server: RedisServer, passwor
     tier = tier_of(manager)
     step_times: list[float] = []
 
-    def request(i: int, *, reuse: int | None = None) -> None:
-        """Store 4 new blocks; optionally look up an earlier request's blocks first."""
+    def request(i: int, *, reuse: int | None = None) -> int:
+        """Store 4 new blocks; optionally look up an earlier request's blocks first and
+        load the hits (bytes checked). Returns the number of hits."""
         ctx = ReqContext(req_id=f"q{i}")
         start = time.monotonic()
+        hits: list[bytes] = []
         if reuse is not None:
             old = [key(reuse * 4 + j) for j in range(4)]
             answers = resolve(manager, old, ctx, timeout=10.0)
@@ -150,13 +152,15 @@ def test_server_killed_and_restarted_mid_replay(own_server: RedisServer, passwor
         manager.on_schedule_end()
         manager.on_request_finished(ctx)
         step_times.append(time.monotonic() - start)
+        return len(hits)
 
     for i in range(10):
         request(i, reuse=i - 8 if i >= 8 else None)
     own_server.kill()
     killed_at = time.monotonic()
     for i in range(10, 30):
-        request(i, reuse=i - 1)  # the previous request's blocks are still in the CPU tier
+        # The previous request's blocks are in the CPU tier: served while Redis is down.
+        assert request(i, reuse=i - 1) == 4
     manager.drain(10.0)
     outage = tier.get_stats()
     assert outage["server_errors"] >= 1
