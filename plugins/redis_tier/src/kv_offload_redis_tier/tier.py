@@ -144,7 +144,11 @@ class RedisTier(SecondaryTierManager):
         self._fatal: str | None = None  # the namespace check failed: every job fails
         self._namespace_checked = False
         self._namespace_lock = threading.Lock()
-        self._check_namespace(at_startup=True)
+        try:
+            self._check_namespace(at_startup=True)
+        except BaseException:
+            self._servers.close()  # no thread started yet; leave no socket behind either
+            raise
         self._pool = ThreadPoolExecutor(s.io_threads, thread_name_prefix=f"kv-offload-{tier_type}")
         self._done: deque[tuple[JobResult, JobMetadata]] = deque()
         self._in_flight = 0
