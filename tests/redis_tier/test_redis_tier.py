@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 from _redis_servers import PASSWORD, RedisServer, make_tls_files
 from _redis_stack import BLOCK, assert_quiet, load_and_check, redis_stack, resolve, store
 from _tiers import key
 from kv_offload import ConfigError, LookupResult, ReqContext
 from kv_offload_redis_tier import RedisTier
 from kv_offload_redis_tier.codec import check
+from kv_offload_redis_tier.wire import exists_many
 from redis.cluster import key_slot
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -393,3 +395,19 @@ def test_in_flight_limit_refuses_jobs_at_once(redis_server: RedisServer, passwor
     assert stats.cascaded_blocks == 2 and stats.failed_cascades == 3
     assert_quiet(manager)
     manager.shutdown()
+
+
+def test_exists_many_answers_in_order_and_leaves_the_connection_usable(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client()
+    ns = namespace()
+    present = [f"{ns}:{i}".encode() for i in range(0, 3000, 3)]
+    client.mset({k: b"x" for k in present})
+    asked = [f"{ns}:{i}".encode() for i in range(3000)]
+    assert exists_many(client, asked) == [i % 3 == 0 for i in range(3000)]
+    assert client.get(present[0]) == b"x"  # the pooled connection is in a clean state
+    with pytest.raises(redis.RedisError):  # refused (no password): the connection is dropped
+        exists_many(redis.Redis(host="127.0.0.1", port=redis_server.port), asked[:10])
+    assert exists_many(client, asked[:3]) == [True, False, False]
+    client.close()

@@ -17,10 +17,11 @@ fail at once until a retry after ``retry_after_s`` (doubling) reconnects.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -45,7 +46,7 @@ from . import codec
 from .breaker import CircuitBreaker
 from .servers import Group, Servers, Unreachable
 from .settings import RedisTierSettings
-from .wire import Parts
+from .wire import Parts, exists_many
 
 __all__ = ["RedisTier", "RedisTierStats"]
 
@@ -299,23 +300,32 @@ class RedisTier(SecondaryTierManager):
     def _execute(self, group: Group, commands: list[tuple[Any, ...]]) -> list[Any]:
         """One pipeline (one round trip) on ``group``'s server; connection errors open its
         breaker and fail the batch, other per-command errors come back in the list."""
+
+        def pipeline(client: Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            return list(pipe.execute(raise_on_error=False))
+
+        replies = self._talk(group, pipeline)
+        if any(isinstance(r, _REROUTE) for r in replies):
+            self._servers.refresh_topology()
+        return replies
+
+    def _talk(self, group: Group, exchange: Callable[[Redis], list[Any]]) -> list[Any]:
+        """Run one round trip on ``group``'s server, keeping its breaker up to date."""
         client, breaker = group.client, group.breaker
         if client is None or breaker is None:
             raise _BatchFailed(group.reason)
-        pipe = client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
         try:
-            replies = pipe.execute(raise_on_error=False)
+            replies = exchange(client)
         except _UNREACHABLE as exc:
             self._server_failed(group.server, breaker, exc)
             raise _BatchFailed(f"{self._where(group.server)}: {type(exc).__name__}") from None
         if breaker.success():
             self._count(reconnects=1)
             logger.warning("%s: %s is reachable again", self.name, self._where(group.server))
-        if any(isinstance(r, _REROUTE) for r in replies):
-            self._servers.refresh_topology()
-        return list(replies)
+        return replies
 
     def _server_failed(self, server: str, breaker: CircuitBreaker, exc: BaseException) -> None:
         self._count(server_errors=1)
@@ -391,8 +401,9 @@ class RedisTier(SecondaryTierManager):
         self._count(loaded_blocks=len(keys), bytes_read=len(keys) * self._block)
 
     def _exists(self, keys: list[OffloadKey]) -> list[bool]:
-        """The AsyncLookup resolver: one pipelined ``EXISTS`` per key and server; keys of an
-        unreachable server answer ``False`` (a miss: the engine recomputes)."""
+        """The AsyncLookup resolver: one round trip of ``EXISTS`` commands per server (and per
+        1,024 keys); keys of an unreachable server answer ``False`` (a miss: the engine
+        recomputes)."""
         answers = [False] * len(keys)
         if self._fatal is not None:
             return answers
@@ -406,13 +417,19 @@ class RedisTier(SecondaryTierManager):
                 continue
             for start in range(0, len(group.indices), _EXISTS_CHUNK):
                 chunk = group.indices[start : start + _EXISTS_CHUNK]
+                names = [rkeys[i] for i in chunk]
                 try:
-                    replies = self._execute(group, [("EXISTS", rkeys[i]) for i in chunk])
+                    replies = self._talk(group, functools.partial(exists_many, keys=names))
                 except _BatchFailed:
                     break
+                except ResponseError as exc:  # MOVED after a failover, NOAUTH, ...
+                    logger.debug("%s: existence check refused: %s", self.name, exc)
+                    if isinstance(exc, _REROUTE):
+                        self._servers.refresh_topology()
+                    break
                 self._count(lookup_round_trips=1)
-                for i, reply in zip(chunk, replies):
-                    answers[i] = reply == 1
+                for i, present in zip(chunk, replies):
+                    answers[i] = present
         return answers
 
     # -- the namespace check --------------------------------------------------------------
