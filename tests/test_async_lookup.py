@@ -274,3 +274,22 @@ def test_ask_again_is_pending_then_promoted_with_identical_bytes() -> None:
     assert tier.helper.wait(5.0)
     assert manager.lookup(key(99), other) is LookupResult.MISS
     manager.shutdown()
+
+
+def test_a_raising_resolver_behind_the_manager_ends_in_miss_not_an_exception() -> None:
+    primary = CPUOffloadingManager(8, block_size_bytes=BLOCK)
+    tier = AskingTier(OffloadingConfig(8, BLOCK), primary.kv_buffer.view, "asking")
+
+    def broken(keys: list[OffloadKey]) -> list[bool]:
+        raise OSError("store unreachable")
+
+    tier.helper.shutdown()
+    tier.helper = AsyncLookup(broken, name="asking")
+    manager = TieringOffloadingManager(primary, [tier])
+    c = ctx("r")
+    assert manager.lookup(key(1), c) is LookupResult.PENDING
+    manager.on_schedule_end()
+    assert tier.helper.wait(5.0)
+    assert manager.lookup(key(1), c) is LookupResult.MISS
+    assert tier.helper.stats.errors == 1
+    manager.shutdown()
