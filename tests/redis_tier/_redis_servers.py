@@ -9,11 +9,13 @@ the run; elsewhere the tests skip, saying how to install it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +44,14 @@ def need(program: str) -> str:
             pytest.fail(f"CI is set and {message}", pytrace=False)
         pytest.skip(message)
     return path
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGKILL when the test process dies, even if that process is
+    killed itself (no stray servers on a shared machine). Elsewhere: nothing."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _port_free(port: int) -> bool:
@@ -137,7 +147,10 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> None:
         self.process = subprocess.Popen(
-            [self.binary, str(self.config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [self.binary, str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         client = self.client()
