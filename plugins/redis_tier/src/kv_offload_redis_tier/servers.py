@@ -64,7 +64,7 @@ class Servers:
             pool = ZeroCopyPool.from_url(
                 self._url,
                 retry=Retry(NoBackoff(), 0),
-                max_connections=settings.io_threads + 2,
+                max_connections=settings.io_threads + 4,  # workers, the lookup thread, spare
                 **settings.connection_kwargs(),
             )
             self._client = Redis(connection_pool=pool)
@@ -101,7 +101,7 @@ class Servers:
                         ],
                         connection_pool_class=ZeroCopyPool,
                         require_full_coverage=False,
-                        max_connections=s.io_threads + 2,
+                        max_connections=s.io_threads + 4,
                         **{k: v for k, v in s.connection_kwargs().items() if v is not None},
                     )
                 except (RedisClusterException, ConnectionError, OSError) as exc:
