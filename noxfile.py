@@ -61,6 +61,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/dataplane.py")
     session.run("python", "benchmarks/hooks_overhead.py")
     session.run("python", "benchmarks/prometheus_overhead.py")
+    session.run("python", "benchmarks/fs_tier.py")
     session.run("python", "benchmarks/vllm_side_by_side.py")
     session.run("python", "benchmarks/redis_tier.py")
 

@@ -308,6 +308,7 @@ class TieringOffloadingManager:
             nbytes=nbytes,
             req_context=meta.req_context,
             seconds=time.perf_counter() - job.submitted,
+            reason=result.reason,
         )
         self._call_hook(
             event_hook,
