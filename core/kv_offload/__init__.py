@@ -3,6 +3,7 @@ eviction policies, storage tiers and lifecycle hooks."""
 
 from __future__ import annotations
 
+from .async_lookup import AsyncLookup, AsyncLookupStats
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
 from .build import build_manager
@@ -41,6 +42,8 @@ from .tier_factory import SecondaryTierFactory
 from .tiering import TieringOffloadingManager, TieringStats, TierStats
 
 __all__ = [
+    "AsyncLookup",
+    "AsyncLookupStats",
     "build_manager",
     "load_config",
     "StackConfig",

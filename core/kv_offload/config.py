@@ -52,6 +52,7 @@ from .errors import (
 )
 from .hooks import HOOK_ENTRY_POINT_GROUP, parse_plugin_settings
 from .plugins import PluginInfo, dist_label
+from .redact import redact_secrets
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -129,7 +130,8 @@ class StackConfig:
                 "policy_module_path": self.policy_module_path,
                 "enable_events": self.enable_events,
             },
-            "tiers": [t.as_factory_config() for t in self.tiers],
+            # Printed by `kv-offload validate`: credentials in tier arguments are masked.
+            "tiers": [redact_secrets(t.as_factory_config()) for t in self.tiers],
             "hooks": {
                 "autoload": self.hooks.autoload,
                 "enable": list(self.hooks.enable),

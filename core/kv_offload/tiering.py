@@ -154,7 +154,8 @@ class TieringOffloadingManager:
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """The CPU tier's answer; on a CPU miss, the first tier holding the key is asked to
-        promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed)."""
+        promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed). When no
+        tier holds it but one answered ``None`` ("ask again"), ``PENDING``."""
         result = self.primary.lookup(key, req_context)
         if not self.tiers:
             return result
@@ -163,14 +164,18 @@ class TieringOffloadingManager:
             # evicting an earlier HIT of the same prefix would break its prepare_load.
             self._found.setdefault(req_context.req_id, set()).add(key)
             return result
+        ask_again = False
         for index, tier in enumerate(self.tiers):
             self._tier_stats[index].lookups += 1
-            if tier.lookup(key, req_context) is True:
-                answer = self._reserve_promotion(index, key, req_context)
-                if answer is _PENDING:
+            answer = tier.lookup(key, req_context)
+            if answer is True:
+                result = self._reserve_promotion(index, key, req_context)
+                if result is _PENDING:
                     self._found.setdefault(req_context.req_id, set()).add(key)
-                return answer
-        return _MISS
+                return result
+            if answer is None:  # the tier cannot tell yet: the engine asks again next step
+                ask_again = True
+        return _PENDING if ask_again else _MISS
 
     def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         stats = self._tier_stats[index]
@@ -200,7 +205,13 @@ class TieringOffloadingManager:
         return _PENDING
 
     def on_schedule_end(self) -> None:
-        """Submit the promotions queued this step, then collect finished tier jobs."""
+        """Tell every tier the step ended, submit the promotions queued this step, then
+        collect finished tier jobs."""
+        for tier in self.tiers:
+            try:
+                tier.on_schedule_end()
+            except Exception:
+                logger.exception("tier %r raised from on_schedule_end()", tier.name)
         self._submit_queued()
         self._poll()
         self._raise_deferred()
@@ -297,6 +308,7 @@ class TieringOffloadingManager:
             nbytes=nbytes,
             req_context=meta.req_context,
             seconds=time.perf_counter() - job.submitted,
+            reason=result.reason,
         )
         self._call_hook(
             event_hook,
