@@ -205,13 +205,16 @@ class ARC(SimPolicy):
         history: float = 0.0,
         tail_first: bool = False,
         touch_tail: bool = False,
+        ghosts: float = 0.0,
+        p0: float = 0.0,
     ) -> None:
         super().__init__(capacity)
+        self.ghosts = int(ghosts * capacity)
         self.t1: OrderedDict[int, None] = OrderedDict()
         self.t2: OrderedDict[int, None] = OrderedDict()
         self.b1: OrderedDict[int, None] = OrderedDict()
         self.b2: OrderedDict[int, None] = OrderedDict()
-        self.p = 0.0
+        self.p = p0 * capacity
         self.history_size = int(history * capacity)
         self.hist: OrderedDict[int, None] = OrderedDict()
         self.tail_first = tail_first
@@ -291,10 +294,75 @@ class ARC(SimPolicy):
             else:
                 self.t1[key] = None
             self.resident[key] = None
+            if self.ghosts:  # each ghost list bounded on its own
+                while len(self.b1) > self.ghosts:
+                    self.b1.popitem(last=False)
+                while len(self.b2) > self.ghosts:
+                    self.b2.popitem(last=False)
+                continue
             while len(self.t1) + len(self.b1) > c and self.b1:
                 self.b1.popitem(last=False)
             while len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2) > 2 * c:
                 (self.b2 or self.b1).popitem(last=False)
+
+
+class Concentrated(ARC):
+    """ARC + history where only a fraction of prefix chains get T1's lifetime: the new blocks
+    of the other chains enter a probation list evicted before anything else. A chain keeps
+    its choice across requests (new blocks inherit it from the deepest hit); a new chain is
+    picked by the hash of its first stored key."""
+
+    def __init__(self, capacity: int, fraction: float, history: float = 8) -> None:
+        super().__init__(capacity, history=history)
+        self.modulus = round(1 / fraction)
+        self.t0: OrderedDict[int, None] = OrderedDict()
+        self.chain: dict[int, bool] = {}
+        self.inherit: bool | None = None
+
+    def accessed(self, keys: list[int], hits: int) -> None:
+        super().accessed(keys, hits)
+        self.inherit = self.chain.get(keys[hits - 1]) if hits else None
+
+    def touch(self, keys: list[int]) -> None:
+        for key in keys:
+            if key in self.t0:
+                del self.t0[key]
+                self.t1[key] = None
+        super().touch(keys)
+
+    def evict(self, n: int, protected: set[int]) -> bool:
+        if len(self.resident) - sum(key in self.resident for key in protected) < n:
+            return False
+        taken = []
+        for key in self.t0:
+            if len(taken) == n:
+                break
+            if key not in protected:
+                taken.append(key)
+        for key in taken:
+            del self.t0[key]
+            del self.resident[key]
+            self.chain.pop(key, None)
+        rest = n - len(taken)
+        if rest:
+            before = set(self.resident)
+            super().evict(rest, protected)
+            for key in before.difference(self.resident):
+                self.chain.pop(key, None)
+        return True
+
+    def insert(self, keys: list[int]) -> None:
+        picked = self.inherit
+        if picked is None:
+            picked = hash(keys[0] * 0x9E3779B97F4A7C15 % (1 << 61)) % self.modulus == 0
+        plain = [k for k in keys if k not in self.b1 and k not in self.b2 and k not in self.prior]
+        super().insert([k for k in keys if k not in plain or picked])
+        for key in keys:
+            self.chain[key] = picked
+        if not picked:
+            for key in reversed(plain):
+                self.t0[key] = None
+                self.resident[key] = None
 
 
 VARIANTS: dict[str, Callable[[int], SimPolicy]] = {
@@ -303,6 +371,13 @@ VARIANTS: dict[str, Callable[[int], SimPolicy]] = {
     "arc+history": lambda c: ARC(c, history=8),
     "arc+history+tail": lambda c: ARC(c, history=8, tail_first=True),
     "arc+history+tail+touch": lambda c: ARC(c, history=8, tail_first=True, touch_tail=True),
+    "arc+history+ghosts1": lambda c: ARC(c, history=8, ghosts=1),
+    "arc+history+ghosts4": lambda c: ARC(c, history=8, ghosts=4),
+    "arc+history+p0=c/2": lambda c: ARC(c, history=8, p0=0.5),
+    "arc+history4": lambda c: ARC(c, history=4),
+    "concentrated1/2": lambda c: Concentrated(c, 1 / 2),
+    "concentrated1/4": lambda c: Concentrated(c, 1 / 4),
+    "arc+history16": lambda c: ARC(c, history=16),
 }
 
 
