@@ -306,65 +306,6 @@ class ARC(SimPolicy):
                 (self.b2 or self.b1).popitem(last=False)
 
 
-class Concentrated(ARC):
-    """ARC + history where only a fraction of prefix chains get T1's lifetime: the new blocks
-    of the other chains enter a probation list evicted before anything else. A chain keeps
-    its choice across requests (new blocks inherit it from the deepest hit); a new chain is
-    picked by the hash of its first stored key."""
-
-    def __init__(self, capacity: int, fraction: float, history: float = 8) -> None:
-        super().__init__(capacity, history=history)
-        self.modulus = round(1 / fraction)
-        self.t0: OrderedDict[int, None] = OrderedDict()
-        self.chain: dict[int, bool] = {}
-        self.inherit: bool | None = None
-
-    def accessed(self, keys: list[int], hits: int) -> None:
-        super().accessed(keys, hits)
-        self.inherit = self.chain.get(keys[hits - 1]) if hits else None
-
-    def touch(self, keys: list[int]) -> None:
-        for key in keys:
-            if key in self.t0:
-                del self.t0[key]
-                self.t1[key] = None
-        super().touch(keys)
-
-    def evict(self, n: int, protected: set[int]) -> bool:
-        if len(self.resident) - sum(key in self.resident for key in protected) < n:
-            return False
-        taken = []
-        for key in self.t0:
-            if len(taken) == n:
-                break
-            if key not in protected:
-                taken.append(key)
-        for key in taken:
-            del self.t0[key]
-            del self.resident[key]
-            self.chain.pop(key, None)
-        rest = n - len(taken)
-        if rest:
-            before = set(self.resident)
-            super().evict(rest, protected)
-            for key in before.difference(self.resident):
-                self.chain.pop(key, None)
-        return True
-
-    def insert(self, keys: list[int]) -> None:
-        picked = self.inherit
-        if picked is None:
-            picked = hash(keys[0] * 0x9E3779B97F4A7C15 % (1 << 61)) % self.modulus == 0
-        plain = [k for k in keys if k not in self.b1 and k not in self.b2 and k not in self.prior]
-        super().insert([k for k in keys if k not in plain or picked])
-        for key in keys:
-            self.chain[key] = picked
-        if not picked:
-            for key in reversed(plain):
-                self.t0[key] = None
-                self.resident[key] = None
-
-
 VARIANTS: dict[str, Callable[[int], SimPolicy]] = {
     "lru": LRU,
     "arc": ARC,
@@ -375,8 +316,6 @@ VARIANTS: dict[str, Callable[[int], SimPolicy]] = {
     "arc+history+ghosts4": lambda c: ARC(c, history=8, ghosts=4),
     "arc+history+p0=c/2": lambda c: ARC(c, history=8, p0=0.5),
     "arc+history4": lambda c: ARC(c, history=4),
-    "concentrated1/2": lambda c: Concentrated(c, 1 / 2),
-    "concentrated1/4": lambda c: Concentrated(c, 1 / 4),
     "arc+history16": lambda c: ARC(c, history=16),
 }
 

@@ -38,6 +38,18 @@ class Harness:
         self.blocks.refs[block] = ref_cnt
 
 
+def distinct_slots(policy: ReuseCachePolicy, n: int) -> list[OffloadKey]:
+    """``n`` keys whose history slots differ (Python's hash is salted per process), so that
+    no collision in the table can blur a test of its rules."""
+    size = len(policy._table)
+    keys: dict[int, OffloadKey] = {}
+    i = 0
+    while len(keys) < n:
+        keys.setdefault(slot_of(k(i), size)[0], k(i))
+        i += 1
+    return list(keys.values())
+
+
 def snapshot(policy: ReuseCachePolicy) -> tuple[object, ...]:
     return (
         policy.p,
@@ -65,19 +77,25 @@ def test_first_sightings_go_to_t1_and_a_touch_promotes_to_t2() -> None:
 def test_a_block_stored_again_within_the_window_is_a_reuse() -> None:
     c = 8
     h = Harness(c)
-    h.store([k(0)])
-    for i in range(1, 3 * c):  # k0 is evicted, then several caches go by
-        h.store([k(i)])
-    assert h.policy.get(k(0)) is None
-    assert h.policy.remembered(k(0)) is not None
+    first, *others = distinct_slots(h.policy, 3 * c)
+    h.store([first])
+    for key in others:  # the first key is evicted, then several caches go by
+        h.store([key])
+    assert h.policy.get(first) is None
+    assert h.policy.remembered(first) is not None
     before = h.policy.p
-    h.store([k(0)])
-    assert k(0) in h.policy.t2, "remembered beyond ARC's ghost horizon: straight to T2"
+    h.store([first])
+    assert first in h.policy.t2, "remembered beyond ARC's ghost horizon: straight to T2"
     assert h.policy.p == before, "too old for ARC's ghost lists: p does not move"
 
 
 def test_a_recent_ghost_moves_p_as_in_arc() -> None:
     h = Harness(8)
+    keys = distinct_slots(h.policy, 101)
+
+    def k(i: int) -> OffloadKey:
+        return keys[i]
+
     h.store([k(i) for i in range(8)])
     h.policy.touch([k(7)], CTX)  # T1 = 0..6, T2 = [7]; |T1| = 7 > p = 4
     h.store([k(100)])  # evicts k0 from T1
@@ -100,13 +118,14 @@ def test_memory_is_bounded_and_forgets_after_the_window() -> None:
     h = Harness(c)
     size = len(h.policy._table)
     assert size == SLOTS_PER_BLOCK * c
-    h.store([k(0)])
-    for i in range(1, c + 1):
-        h.store([k(i)])
-    assert h.policy.remembered(k(0)) is not None
-    for i in range(c + 1, (WINDOW + 2) * c):
-        h.store([k(i)])
-    assert h.policy.remembered(k(0)) is None, "evicted more than WINDOW caches of stores ago"
+    first, *others = distinct_slots(h.policy, (WINDOW + 2) * c)
+    h.store([first])
+    for key in others[:c]:
+        h.store([key])
+    assert h.policy.remembered(first) is not None
+    for key in others[c:]:
+        h.store([key])
+    assert h.policy.remembered(first) is None, "evicted more than WINDOW caches of stores ago"
     rng = random.Random(3)
     for i in range(20_000):
         h.store([k(rng.randrange(10**6)) for _ in range(rng.randrange(1, 4))])
@@ -124,10 +143,14 @@ def test_memory_is_bounded_and_forgets_after_the_window() -> None:
 def test_the_deepest_remembered_key_vouches_for_its_prefix() -> None:
     c = 8
     h = Harness(c)
-    chain = [k(i) for i in range(4)]
+    chain = distinct_slots(h.policy, 4)
+    size = len(h.policy._table)
+    taken = {slot_of(key, size)[0] for key in chain}
+    # Fillers whose slots miss the chain's, so no collision can blur the test.
+    fillers = [key for key in map(k, range(100, 10_000)) if slot_of(key, size)[0] not in taken]
     h.store(chain)
-    for i in range(100, 100 + 2 * c):
-        h.store([k(i)])
+    for key in fillers[: 2 * c]:
+        h.store([key])
     assert all(h.policy.remembered(key) is not None for key in chain)
     table = h.policy._table
     slot, _ = slot_of(chain[1], len(table))
@@ -186,6 +209,7 @@ class ReferenceReuse:
         self.t2: list[tuple[OffloadKey, BlockStatus]] = []
         self.table: dict[int, tuple[int, int, int]] = {}  # slot -> (fingerprint, epoch, list)
         self.evictions: list[tuple[int, int]] = []  # (epoch, list) of remembered evictions
+        self.every: list[tuple[int, int]] = []  # ... and of every eviction in the window
         self.epoch = 0
         self.count = 0
         self.p = self.c / 2
@@ -202,45 +226,49 @@ class ReferenceReuse:
         self.t2 = [(o, b) for o, b in self.t2 if o != key]
 
     def insert_many(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
-        """Keys up to the deepest remembered one are reuses (a key implies its prefix)."""
-        deepest = 0
-        for i, key in enumerate(keys):
+        """Classified as the batch arrives: keys up to the deepest remembered one are
+        reuses (a key implies its prefix); then each remembered key is consumed in order."""
+        for key in keys:
+            self.remove(key)
+        records = []
+        for key in keys:
             slot, fingerprint = slot_of(key, self.size)
             record = self.table.get(slot)
-            if record is not None and record[0] == fingerprint:
-                deepest = i + 1
+            records.append(
+                (slot, record) if record is not None and record[0] == fingerprint else None
+            )
+        deepest = max((i + 1 for i, r in enumerate(records) if r is not None), default=0)
+        for found in records:
+            if found is not None:
+                self.consume(*found)
         for i, (key, block) in enumerate(zip(keys, blocks)):
-            self.insert(key, block, reused=i < deepest)
+            (self.t2 if i < deepest else self.t1).append((key, block))
+        for _ in keys:
+            self.count += 1
+            if self.count == self.epoch_blocks:
+                self.count = 0
+                self.epoch = (self.epoch + 1) % 64
+                if self.epoch % 8 == 0:
+                    doomed = range(self.epoch, self.epoch + 8)
+                    self.table = {s: r for s, r in self.table.items() if r[1] not in doomed}
+                    self.evictions = [(e, o) for e, o in self.evictions if e not in doomed]
+                    self.every = [(e, o) for e, o in self.every if e not in doomed]
 
-    def insert(self, key: OffloadKey, block: BlockStatus, reused: bool = False) -> None:
-        self.remove(key)
-        slot, fingerprint = slot_of(key, self.size)
-        record = self.table.get(slot)
-        if record is not None and record[0] == fingerprint:
-            del self.table[slot]
-            origin, left = record[2], record[1]
-            b1, b2 = self.ghost_sizes()
-            span = (self.epoch - left) % 64
-            since = sum(1 for e, o in self.evictions if o == origin and (e - left) % 64 <= span)
-            if since <= (b1 if origin == 1 else b2):
-                if origin == 1:
-                    self.p = min(self.c, self.p + max(1.0, b2 / max(b1, 1)))
-                else:
-                    self.p = max(0.0, self.p - max(1.0, b1 / max(b2, 1)))
-            self.evictions.remove((left, origin))
-            reused = True
-        if reused:
-            self.t2.append((key, block))
-        else:
-            self.t1.append((key, block))
-        self.count += 1
-        if self.count == self.epoch_blocks:
-            self.count = 0
-            self.epoch = (self.epoch + 1) % 64
-            if self.epoch % 8 == 0:
-                doomed = range(self.epoch, self.epoch + 8)
-                self.table = {s: r for s, r in self.table.items() if r[1] not in doomed}
-                self.evictions = [(e, o) for e, o in self.evictions if e not in doomed]
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self.insert_many([key], [block])
+
+    def consume(self, slot: int, record: tuple[int, int, int]) -> None:
+        del self.table[slot]
+        _, left, origin = record
+        b1, b2 = self.ghost_sizes()
+        span = (self.epoch - left) % 64
+        since = sum(1 for e, o in self.every if o == origin and (e - left) % 64 <= span)
+        if since <= (b1 if origin == 1 else b2):
+            if origin == 1:
+                self.p = min(self.c, self.p + max(1.0, b2 / max(b1, 1)))
+            else:
+                self.p = max(0.0, self.p - max(1.0, b1 / max(b2, 1)))
+        self.evictions.remove((left, origin))
 
     def ghost_sizes(self) -> tuple[int, int]:
         b1 = min(max(0, self.c - len(self.t1)), sum(1 for _, o in self.evictions if o == 1))
@@ -282,6 +310,7 @@ class ReferenceReuse:
                 slot, fingerprint = slot_of(key, self.size)
                 self.table[slot] = (fingerprint, self.epoch, origin)
                 self.evictions.append((self.epoch, origin))
+                self.every.append((self.epoch, origin))
             for i in reversed(taken):
                 del listed[i]
         return victims

@@ -28,12 +28,14 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import islice, repeat
+from itertools import compress, islice
 from math import ceil
-from operator import attrgetter, eq, itemgetter, rshift
+from operator import attrgetter, itemgetter, not_
 
 import numpy as np
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
+
+from .duel import Miniature, sample_rate, sampled
 
 __all__ = ["ReuseCachePolicy", "WINDOW", "SLOTS_PER_BLOCK", "slot_of"]
 
@@ -53,6 +55,8 @@ _key = itemgetter(0)
 _block = itemgetter(1)
 _ref_cnt = attrgetter("ref_cnt")
 # Drains an iterator at C speed, for maps run only for their side effects.
+_EMPTY: frozenset[OffloadKey] = frozenset()
+_MAX_OPEN_REQUESTS = 4096  # sampled keys kept for requests not finished yet
 _SINK: deque[object] = deque(maxlen=0)
 _consume = _SINK.extend
 
@@ -74,8 +78,12 @@ class ReuseCachePolicy(CachePolicy):
     * ``_evicted[list][epoch]``: evictions per epoch, for ARC's ghost-list sizes.
     """
 
-    def __init__(self, cache_capacity: int) -> None:
+    def __init__(
+        self, cache_capacity: int, *, miniatures: bool = True, pinned_p: float | None = None
+    ) -> None:
         super().__init__(cache_capacity)
+        self._with_miniatures = miniatures
+        self._pinned_p = pinned_p
         self._resident: dict[OffloadKey, BlockStatus] = {}
         self.get = self._resident.get  # type: ignore[method-assign,assignment]
         self._t1: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
@@ -96,8 +104,26 @@ class ReuseCachePolicy(CachePolicy):
         self._words[:] = 0
         self._epoch = 0
         self._stored_in_epoch = 0
-        self._evicted = ([0] * _EPOCHS, [0] * _EPOCHS)
+        self._evicted = ([0] * _EPOCHS, [0] * _EPOCHS)  # remembered evictions per epoch
+        self._ghosts = [0, 0]  # their totals
+        self._cumulative = [0, 0]  # every eviction since clear(), per list
+        self._cumulative_at = ([0] * _EPOCHS, [0] * _EPOCHS)  # ... when each epoch began
         self._p = self.cache_capacity * INITIAL_P
+        # The split REPLACE uses: ARC's p, or 0 while the miniature with p pinned there leads.
+        self._pin: float | None = self._pinned_p
+        self._sampled: dict[str, list[OffloadKey]] = {}
+        self._miniatures: list[Miniature] = []
+        rate = sample_rate(self.cache_capacity)
+        size = self.cache_capacity // rate
+        if self._with_miniatures and size >= 16:
+            self._rate = rate
+            self._miniatures = [
+                Miniature(
+                    ReuseCachePolicy(size, miniatures=False, pinned_p=pin), size, WINDOW * size
+                )
+                for pin in (None, 0.0)
+            ]
+        self._vouched: set[OffloadKey] | frozenset[OffloadKey] = _EMPTY
 
     # -- introspection ------------------------------------------------------------------------
 
@@ -121,16 +147,15 @@ class ReuseCachePolicy(CachePolicy):
         """ARC's |B1| and |B2|: the remembered evictions from T1 and T2, within ARC's own
         bounds (|T1| + |B1| <= c, and |B1| + |B2| <= c once the cache is full)."""
         c = self.cache_capacity
-        b1 = min(max(0, c - len(self._t1)), sum(self._evicted[0]))
-        return b1, min(c - b1, sum(self._evicted[1]))
+        b1 = min(max(0, c - len(self._t1)), self._ghosts[0])
+        return b1, min(c - b1, self._ghosts[1])
 
     def _in_arc_ghosts(self, origin: int, left: int) -> bool:
         """Whether an eviction from list ``origin`` in epoch ``left`` would still be in ARC's
-        ghost list: fewer evictions from that list since then than the list may hold."""
-        counts = self._evicted[origin]
-        since = sum(counts[(left + i) % _EPOCHS] for i in range((self._epoch - left) % _EPOCHS + 1))
-        b1, b2 = self.ghost_sizes()
-        return since <= (b1 if origin == 0 else b2)
+        ghost list: no more evictions from that list since that epoch began than the list
+        may hold."""
+        since = self._cumulative[origin] - self._cumulative_at[origin][left]
+        return since <= self.ghost_sizes()[origin]
 
     def remembered(self, key: OffloadKey) -> tuple[int, int] | None:
         """``(list it left: 1 or 2, epochs since)`` if ``key``'s eviction is remembered."""
@@ -146,57 +171,75 @@ class ReuseCachePolicy(CachePolicy):
         self.insert_many([key], [block])
 
     def insert_many(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
+        """Store a request's batch, classified as it stands when the batch arrives.
+
+        A key is its whole prefix (prefix hashes chain), so if the deepest remembered key of
+        the batch was requested before, so was every key before it, remembered or not (a
+        record lost to a collision): those go to T2, with the keys ``on_request_access``
+        vouched for; the rest are first sightings in T1. Each remembered key is then
+        consumed in order, moving ``p`` if it was still one of ARC's ghosts.
+        """
         resident = self._resident
         table = self._table
-        # The common batch: no key remembered, none resident. Checked with C-level maps over
-        # the whole batch, then inserted in bulk; wiping epochs on the way can only forget
-        # records, so the result is the same as one key at a time.
-        hashes = list(map(_MASK64.__and__, map(hash, keys)))
-        words = map(table.__getitem__, map(self._size.__rmod__, hashes))
-        matches = list(map(eq, map(rshift, words, repeat(8)), map(rshift, hashes, repeat(56))))
-        if not any(matches) and resident.keys().isdisjoint(keys):
-            before = len(resident)
-            resident.update(zip(keys, blocks))
-            if len(resident) == before + len(keys):  # no key repeated in the batch
-                self._t1.update(zip(keys, blocks))
-                self._count_stored(len(keys))
-                return
+        if len(set(keys)) != len(keys):  # never sent by the manager: one key at a time
+            for key, block in zip(keys, blocks):
+                self.insert_many([key], [block])
+            return
+        if not resident.keys().isdisjoint(keys):  # re-inserts (never sent by the manager)
             for key in keys:
-                del resident[key]
-        # A key is its whole prefix (prefix hashes chain): if the deepest remembered key of
-        # the batch was requested before, so was every key before it, remembered or not
-        # (its record lost to a collision). Those go to T2; the rest are first sightings.
-        reused = len(matches) - matches[::-1].index(True) if any(matches) else 0
-        for i, (key, block) in enumerate(zip(keys, blocks)):
-            self._insert_one(key, block, i < reused)
-
-    def _insert_one(self, key: OffloadKey, block: BlockStatus, reused: bool) -> None:
-        table = self._table
-        if key in self._resident:  # never sent by the manager; as a re-insert, a fresh start
-            self.remove(key)
-        h = hash(key) & _MASK64
-        slot = h % self._size
-        word = table[slot]
-        if word and word >> 8 == h >> 56:
-            # Stored before and evicted within the window: a reuse. Recent enough to be in
-            # ARC's ghost lists, it also moves p towards the list that lost it.
-            table[slot] = 0
-            left = word >> 2 & 63
-            origin = (word & 3) - _FROM_T1
-            if self._in_arc_ghosts(origin, left):
-                b1, b2 = self.ghost_sizes()
-                if origin == 0:
-                    self._p = min(self.cache_capacity, self._p + max(1.0, b2 / max(b1, 1)))
-                else:
-                    self._p = max(0.0, self._p - max(1.0, b1 / max(b2, 1)))
-            self._evicted[origin][left] -= 1  # no longer a ghost
-            reused = True
-        if reused:
-            self._t2[key] = block
+                self.remove(key)
+        hashes = list(map(_MASK64.__and__, map(hash, keys)))
+        slots = list(map(self._size.__rmod__, hashes))
+        words = list(map(table.__getitem__, slots))
+        # A word is 0 when empty; a record's word never is (its list bits are 2 or 3).
+        matches = [word != 0 and word >> 8 == h >> 56 for word, h in zip(words, hashes)]
+        vouched = self._vouched
+        if True not in matches and not vouched:  # the common batch: all first sightings
+            self._t1.update(zip(keys, blocks))
         else:
-            self._t1[key] = block
-        self._resident[key] = block
-        self._count_stored(1)
+            deepest = len(matches) - matches[::-1].index(True) if True in matches else 0
+            for i in compress(range(len(keys)), matches):
+                self._consume_record(slots[i], words[i])
+            reused = [i < deepest or key in vouched for i, key in enumerate(keys)]
+            pairs = list(zip(keys, blocks))
+            self._t2.update(compress(pairs, reused))
+            self._t1.update(compress(pairs, map(not_, reused)))
+            self._vouched = _EMPTY
+        resident.update(zip(keys, blocks))
+        self._count_stored(len(keys))
+
+    def _consume_record(self, slot: int, word: int) -> None:
+        """A remembered eviction came back: forget it, and if it was still one of ARC's
+        ghosts, move p towards the list that lost it (ARC's cases II and III)."""
+        self._table[slot] = 0
+        left = word >> 2 & 63
+        origin = (word & 3) - _FROM_T1
+        if self._in_arc_ghosts(origin, left):
+            b1, b2 = self.ghost_sizes()
+            if origin == 0:
+                self._p = min(self.cache_capacity, self._p + max(1.0, b2 / max(b1, 1)))
+            else:
+                self._p = max(0.0, self._p - max(1.0, b1 / max(b2, 1)))
+        self._evicted[origin][left] -= 1
+        self._ghosts[origin] -= 1
+
+    def on_request_access(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
+        """Keys before a resident one in a request's prefix were requested before (the
+        resident key was stored with its prefix): note them for the store that follows, so
+        they are reuses even when both the cache and the memory have lost them."""
+        if self._miniatures:
+            sampled_keys = sampled(keys, self._rate)
+            if sampled_keys:
+                pending = self._sampled
+                pending.setdefault(req_context.req_id, []).extend(sampled_keys)
+                if len(pending) > _MAX_OPEN_REQUESTS:  # requests that never finished
+                    del pending[next(iter(pending))]
+        present = list(map(self._resident.__contains__, keys))
+        if True in present:
+            deepest = len(present) - present[::-1].index(True)
+            self._vouched = set(compress(keys[:deepest], map(not_, present)))
+        else:
+            self._vouched = _EMPTY
 
     def _count_stored(self, count: int) -> None:
         self._stored_in_epoch += count
@@ -212,8 +255,25 @@ class ReuseCachePolicy(CachePolicy):
             stale = (words >> 5 & 7) == epoch // 8
             stale &= words != 0
             words[stale] = 0
-            for counts in self._evicted:
+            for origin, counts in enumerate(self._evicted):
+                self._ghosts[origin] -= sum(counts[epoch : epoch + 8])
                 counts[epoch : epoch + 8] = [0] * 8
+        for origin in (0, 1):
+            self._cumulative_at[origin][epoch] = self._cumulative[origin]
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """Replay the request's sampled keys through the miniatures; follow the leader."""
+        keys = self._sampled.pop(req_context.req_id, None)
+        if keys:
+            adaptive, frequency_first = self._miniatures
+            adaptive.request(keys, req_context)
+            frequency_first.request(keys, req_context)
+            self._pin = 0.0 if frequency_first.score > adaptive.score else None
+
+    @property
+    def following(self) -> str:
+        """Which miniature the cache follows: ``"adaptive"`` (ARC's p) or ``"p=0"``."""
+        return "adaptive" if self._pin is None else f"p={self._pin:g}"
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         t1 = self._t1
@@ -244,7 +304,8 @@ class ReuseCachePolicy(CachePolicy):
             return None
         t1 = self._t1
         t2 = self._t2
-        from1 = min(n, max(0, ceil(len(t1) - self._p)))
+        p = self._p if self._pin is None else self._pin
+        from1 = min(n, max(0, ceil(len(t1) - p)))
         if n - from1 > len(t2):
             from1 = n - len(t2)
         # Fast path, the common case: the oldest blocks of each list are idle and unprotected,
@@ -294,4 +355,7 @@ class ReuseCachePolicy(CachePolicy):
         stamp = self._epoch << 2 | origin
         for h in map(_MASK64.__and__, map(hash, keys)):
             table[h % size] = (h >> 56) << 8 | stamp
-        self._evicted[origin - _FROM_T1][self._epoch] += len(victims)
+        origin -= _FROM_T1
+        self._evicted[origin][self._epoch] += len(victims)
+        self._ghosts[origin] += len(victims)
+        self._cumulative[origin] += len(victims)
