@@ -8,6 +8,11 @@ policy, all measured in this run: mean gap share at 5,000 and 20,000 blocks >= 2
 below LRU, throughput >= 0.5x LRU's, <= 400 bytes per resident block.
 
     python benchmarks/reuse_policy.py [--trace PATH] [--keep-partial-blocks] [--repeat 3]
+    python benchmarks/reuse_policy.py --synthetic conversations|conversations-slow|zipf|scan
+
+``--synthetic`` replays a generated trace instead (``benchmarks/policy_sim.py`` documents
+them): held-out shapes of reuse distance and prefix sharing, to check that nothing is tuned
+to the bundled trace.
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
 
-from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
 from kv_offload.bounds import belady, gap_share, infinite
 from kv_offload.replay import replay
 from kv_offload.trace import MOONCAKE_BLOCK_TOKENS, read_trace
@@ -62,12 +68,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", action="append")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-memory", action="store_true", help="skip the tracemalloc runs")
+    parser.add_argument("--synthetic", help="a generated trace of benchmarks/policy_sim.py")
+    parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     capacities = args.capacity or CAPACITIES
     policies = list(dict.fromkeys(["lru", *(args.policy or POLICIES)]))
     block_tokens = None if args.keep_partial_blocks else MOONCAKE_BLOCK_TOKENS
-    records = list(read_trace(args.trace, block_tokens=block_tokens))
-    requests = [(ReqContext(r.req_id), r.keys) for r in records]
+    if args.synthetic:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from policy_sim import SYNTHETIC
+
+        generated = SYNTHETIC[args.synthetic](args.seed)
+        requests = [
+            (ReqContext(f"req-{i}"), [make_offload_key(h) for h in ids])
+            for i, ids in enumerate(generated)
+        ]
+        args.trace = Path(f"synthetic-{args.synthetic}-seed{args.seed}")
+    else:
+        records = list(read_trace(args.trace, block_tokens=block_tokens))
+        requests = [(ReqContext(r.req_id), r.keys) for r in records]
     keys = [k for _, k in requests]
     for policy in policies:  # import every plugin before anything is timed or traced
         CPUOffloadingManager(1, cache_policy=policy)

@@ -386,3 +386,56 @@ def test_selected_by_name_in_config_and_keeps_a_returning_conversation() -> None
         _request(lru, [k(20_000 + i)])
     assert _request(lru, convo) == 0, "LRU lost it to the same churn"
     manager.shutdown()
+
+
+# -- the miniature caches --------------------------------------------------------------------
+
+
+def test_sample_rate_keeps_miniatures_small() -> None:
+    from kv_offload_reuse.duel import MIN_RATE, sample_rate
+
+    for capacity in (100, 2000, 5000, 20_000, 50_000, 10**6):
+        rate = sample_rate(capacity)
+        assert rate >= MIN_RATE and rate & (rate - 1) == 0
+        assert capacity // rate < 1024
+
+
+def test_miniatures_replay_each_request_and_the_cache_follows_the_leader() -> None:
+    manager = CPUOffloadingManager(2000, cache_policy="reuse")
+    policy = manager.policy
+    assert isinstance(policy, ReuseCachePolicy)
+    adaptive, frequency_first = policy._miniatures
+    assert adaptive.capacity == frequency_first.capacity == 2000 // 16
+    rng = random.Random(5)
+    prompts = [[k(10**6 * p + i) for i in range(rng.randint(2, 30))] for p in range(400)]
+    fresh = iter(range(10**9, 2 * 10**9))
+    for i in range(3000):
+        prompt = prompts[int(rng.paretovariate(1.0)) % len(prompts)]
+        ctx = ReqContext(req_id=f"r{i}")
+        keys = [*prompt, *(k(next(fresh)) for _ in range(rng.randint(1, 8)))]
+        hits = 0
+        while hits < len(keys) and manager.lookup(keys[hits], ctx) is LookupResult.HIT:
+            hits += 1
+        if hits:
+            manager.prepare_load(keys[:hits], ctx)
+            manager.complete_load(keys[:hits], ctx)
+            manager.touch(keys[:hits], ctx)
+        out = manager.prepare_store(keys[hits:], ctx)
+        if out is not None:
+            manager.complete_store(out.keys_to_store, ctx)
+        manager.on_request_finished(ctx)
+        leader = "p=0" if frequency_first.score > adaptive.score else "adaptive"
+        assert policy.following == leader
+    assert adaptive.score > 0 and frequency_first.score > 0
+    assert policy._sampled == {}, "every finished request's sampled keys were replayed"
+    for mini in (adaptive, frequency_first):
+        assert len(mini.policy) + len(mini.free) == mini.capacity, "no miniature slot leaked"
+
+
+def test_sampled_keys_of_unfinished_requests_are_bounded() -> None:
+    from kv_offload_reuse import _MAX_OPEN_REQUESTS
+
+    policy = ReuseCachePolicy(5000)
+    for i in range(_MAX_OPEN_REQUESTS + 500):
+        policy.on_request_access([k(j) for j in range(i * 40, i * 40 + 40)], ReqContext(f"r{i}"))
+    assert len(policy._sampled) <= _MAX_OPEN_REQUESTS
