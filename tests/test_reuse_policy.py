@@ -404,8 +404,9 @@ def test_miniatures_replay_each_request_and_the_cache_follows_the_leader() -> No
     manager = CPUOffloadingManager(2000, cache_policy="reuse")
     policy = manager.policy
     assert isinstance(policy, ReuseCachePolicy)
-    adaptive, frequency_first = policy._miniatures
-    assert adaptive.capacity == frequency_first.capacity == 2000 // 16
+    minis = policy._miniatures
+    assert [mini.policy.mode for mini in minis] == ["adaptive", "frequency", "recency"]
+    assert {mini.capacity for mini in minis} == {2000 // 32}
     rng = random.Random(5)
     prompts = [[k(10**6 * p + i) for i in range(rng.randint(2, 30))] for p in range(400)]
     fresh = iter(range(10**9, 2 * 10**9))
@@ -423,12 +424,15 @@ def test_miniatures_replay_each_request_and_the_cache_follows_the_leader() -> No
         out = manager.prepare_store(keys[hits:], ctx)
         if out is not None:
             manager.complete_store(out.keys_to_store, ctx)
+        before = policy.mode
         manager.on_request_finished(ctx)
-        leader = "p=0" if frequency_first.score > adaptive.score else "adaptive"
-        assert policy.following == leader
-    assert adaptive.score > 0 and frequency_first.score > 0
+        scores = {mini.policy.mode: mini.score for mini in minis}
+        if policy.mode != before:
+            assert scores[policy.mode] == max(scores.values()) > scores[before]
+        assert scores[policy.mode] == max(scores.values()) or policy.mode == before
+    assert all(mini.score > 0 for mini in minis)
     assert policy._sampled == {}, "every finished request's sampled keys were replayed"
-    for mini in (adaptive, frequency_first):
+    for mini in minis:
         assert len(mini.policy) + len(mini.free) == mini.capacity, "no miniature slot leaked"
 
 
@@ -439,3 +443,34 @@ def test_sampled_keys_of_unfinished_requests_are_bounded() -> None:
     for i in range(_MAX_OPEN_REQUESTS + 500):
         policy.on_request_access([k(j) for j in range(i * 40, i * 40 + 40)], ReqContext(f"r{i}"))
     assert len(policy._sampled) <= _MAX_OPEN_REQUESTS
+
+
+class RecencyOnly(ReuseCachePolicy):
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity, miniatures=False, mode="recency")
+
+
+def test_the_recency_mode_is_exactly_lru_through_the_manager() -> None:
+    from pathlib import Path
+
+    from kv_offload.policy_factory import CachePolicyFactory
+    from kv_offload.replay import replay
+    from kv_offload.trace import read_trace
+
+    trace = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
+    requests = [(ReqContext(r.req_id), r.keys) for r in read_trace(trace, 1500, block_tokens=512)]
+    CachePolicyFactory.register_cache_policy("reuse-recency", __name__, "RecencyOnly")
+    try:
+        for capacity in (200, 1000):
+            lru = replay(CPUOffloadingManager(capacity, "lru"), requests)
+            recency = replay(CPUOffloadingManager(capacity, "reuse-recency"), requests)
+            assert recency.hit_blocks == lru.hit_blocks > 0
+    finally:
+        CachePolicyFactory.unregister_cache_policy("reuse-recency")
+
+
+def test_an_unknown_mode_is_a_config_error() -> None:
+    from kv_offload import ConfigError
+
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        ReuseCachePolicy(10, mode="fastest")

@@ -33,11 +33,11 @@ from math import ceil
 from operator import attrgetter, itemgetter, not_
 
 import numpy as np
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
+from kv_offload import BlockStatus, CachePolicy, ConfigError, OffloadKey, ReqContext
 
 from .duel import Miniature, sample_rate, sampled
 
-__all__ = ["ReuseCachePolicy", "WINDOW", "SLOTS_PER_BLOCK", "slot_of"]
+__all__ = ["ReuseCachePolicy", "WINDOW", "SLOTS_PER_BLOCK", "MODES", "slot_of"]
 
 #: The memory spans this many cache capacities of stored blocks.
 WINDOW = 8
@@ -55,10 +55,19 @@ _key = itemgetter(0)
 _block = itemgetter(1)
 _ref_cnt = attrgetter("ref_cnt")
 # Drains an iterator at C speed, for maps run only for their side effects.
+#: The ways REPLACE can split the cache, one miniature each (see ``ReuseCachePolicy.mode``).
+ADAPTIVE = "adaptive"
+FREQUENCY = "frequency"
+RECENCY = "recency"
+MODES = (ADAPTIVE, FREQUENCY, RECENCY)
 _EMPTY: frozenset[OffloadKey] = frozenset()
 _MAX_OPEN_REQUESTS = 4096  # sampled keys kept for requests not finished yet
 _SINK: deque[object] = deque(maxlen=0)
 _consume = _SINK.extend
+
+
+def _score(mini: Miniature) -> float:
+    return mini.score
 
 
 def slot_of(key: OffloadKey, size: int) -> tuple[int, int]:
@@ -79,11 +88,13 @@ class ReuseCachePolicy(CachePolicy):
     """
 
     def __init__(
-        self, cache_capacity: int, *, miniatures: bool = True, pinned_p: float | None = None
+        self, cache_capacity: int, *, miniatures: bool = True, mode: str = ADAPTIVE
     ) -> None:
         super().__init__(cache_capacity)
         self._with_miniatures = miniatures
-        self._pinned_p = pinned_p
+        if mode not in MODES:
+            raise ConfigError(f"ReuseCachePolicy: mode must be one of {MODES}, got {mode!r}")
+        self._initial_mode = mode
         self._resident: dict[OffloadKey, BlockStatus] = {}
         self.get = self._resident.get  # type: ignore[method-assign,assignment]
         self._t1: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
@@ -110,7 +121,7 @@ class ReuseCachePolicy(CachePolicy):
         self._cumulative_at = ([0] * _EPOCHS, [0] * _EPOCHS)  # ... when each epoch began
         self._p = self.cache_capacity * INITIAL_P
         # The split REPLACE uses: ARC's p, or 0 while the miniature with p pinned there leads.
-        self._pin: float | None = self._pinned_p
+        self._mode = self._initial_mode
         self._sampled: dict[str, list[OffloadKey]] = {}
         self._miniatures: list[Miniature] = []
         rate = sample_rate(self.cache_capacity)
@@ -118,10 +129,8 @@ class ReuseCachePolicy(CachePolicy):
         if self._with_miniatures and size >= 16:
             self._rate = rate
             self._miniatures = [
-                Miniature(
-                    ReuseCachePolicy(size, miniatures=False, pinned_p=pin), size, WINDOW * size
-                )
-                for pin in (None, 0.0)
+                Miniature(ReuseCachePolicy(size, miniatures=False, mode=mode), size, WINDOW * size)
+                for mode in MODES
             ]
         self._vouched: set[OffloadKey] | frozenset[OffloadKey] = _EMPTY
 
@@ -201,6 +210,8 @@ class ReuseCachePolicy(CachePolicy):
             for i in compress(range(len(keys)), matches):
                 self._consume_record(slots[i], words[i])
             reused = [i < deepest or key in vouched for i, key in enumerate(keys)]
+            if self._mode == RECENCY:
+                reused = [False] * len(keys)
             pairs = list(zip(keys, blocks))
             self._t2.update(compress(pairs, reused))
             self._t1.update(compress(pairs, map(not_, reused)))
@@ -265,20 +276,28 @@ class ReuseCachePolicy(CachePolicy):
         """Replay the request's sampled keys through the miniatures; follow the leader."""
         keys = self._sampled.pop(req_context.req_id, None)
         if keys:
-            adaptive, frequency_first = self._miniatures
-            adaptive.request(keys, req_context)
-            frequency_first.request(keys, req_context)
-            self._pin = 0.0 if frequency_first.score > adaptive.score else None
+            for mini in self._miniatures:
+                mini.request(keys, req_context)
+            best = max(self._miniatures, key=_score)
+            if best.score > self._miniatures[MODES.index(self._mode)].score:
+                self._mode = best.policy._mode  # type: ignore[attr-defined]
 
     @property
-    def following(self) -> str:
-        """Which miniature the cache follows: ``"adaptive"`` (ARC's p) or ``"p=0"``."""
-        return "adaptive" if self._pin is None else f"p={self._pin:g}"
+    def mode(self) -> str:
+        """How REPLACE splits the cache now: ``"adaptive"`` (ARC's p), ``"frequency"``
+        (p = 0: T1 only cycles first sightings) or ``"recency"`` (one LRU list)."""
+        return self._mode
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         t1 = self._t1
         t2 = self._t2
         key_list = keys if type(keys) is list else list(keys)
+        if self._mode == RECENCY:  # T1 is the one LRU list; T2 only drains
+            for key in reversed(key_list):
+                block = t1.pop(key, None) or t2.pop(key, None)
+                if block is not None:
+                    t1[key] = block
+            return
         # Reversed, so the first key of a request (the shared prefix) ends up most recent.
         for key in reversed(key_list):
             if key in t2:
@@ -304,7 +323,8 @@ class ReuseCachePolicy(CachePolicy):
             return None
         t1 = self._t1
         t2 = self._t2
-        p = self._p if self._pin is None else self._pin
+        mode = self._mode
+        p = self._p if mode == ADAPTIVE else 0 if mode == FREQUENCY else self.cache_capacity
         from1 = min(n, max(0, ceil(len(t1) - p)))
         if n - from1 > len(t2):
             from1 = n - len(t2)

@@ -29,7 +29,7 @@ _MASK64 = (1 << 64) - 1
 #: Blocks a miniature cache holds at least, where the capacity allows.
 MINIATURE_BLOCKS = 512
 #: Never sample more than one key in this many (the miniatures' cost and memory).
-MIN_RATE = 16
+MIN_RATE = 32
 
 
 def sample_rate(capacity: int) -> int:
