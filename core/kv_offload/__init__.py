@@ -3,6 +3,7 @@ eviction policies, storage tiers and lifecycle hooks."""
 
 from __future__ import annotations
 
+from .async_lookup import AsyncLookup, AsyncLookupStats
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
 from .build import build_manager
@@ -20,6 +21,7 @@ from .errors import (
     PluginError,
     PluginImportError,
     PluginNotFoundError,
+    PluginSettingsError,
     PluginTypeError,
     PluginValidationError,
 )
@@ -40,6 +42,8 @@ from .tier_factory import SecondaryTierFactory
 from .tiering import TieringOffloadingManager, TieringStats, TierStats
 
 __all__ = [
+    "AsyncLookup",
+    "AsyncLookupStats",
     "build_manager",
     "load_config",
     "StackConfig",
@@ -85,6 +89,7 @@ __all__ = [
     "PluginImportError",
     "PluginInfo",
     "PluginNotFoundError",
+    "PluginSettingsError",
     "PluginTypeError",
     "PluginValidationError",
     "PrepareStoreOutput",

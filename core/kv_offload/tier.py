@@ -68,10 +68,13 @@ class JobMetadata:
 
 @dataclass(frozen=True)
 class JobResult:
-    """The outcome of one job; ``success=False`` releases its pins and reservations."""
+    """The outcome of one job; ``success=False`` releases its pins and reservations.
+    ``reason`` says why a job failed (for logs and the ``kv_offload_tier_job_finished`` hook),
+    e.g. ``"checksum mismatch"`` or ``"ENOSPC: No space left on device"``."""
 
     job_id: JobId
     success: bool
+    reason: str | None = None
 
 
 class SecondaryTierManager(ABC):
@@ -97,8 +100,9 @@ class SecondaryTierManager(ABC):
 
     @abstractmethod
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """``True`` if the block is here and readable, ``False`` if absent, ``None`` while a
-        store of it is still in flight (ask again later)."""
+        """``True`` if the block is here and readable, ``False`` if absent, ``None`` when the
+        tier cannot tell yet (a store or an existence check in flight): ask again later. The
+        tiered manager answers ``PENDING`` for ``None`` when no tier holds the key."""
 
     @abstractmethod
     def submit_store(self, job: JobMetadata) -> None:
@@ -118,6 +122,11 @@ class SecondaryTierManager(ABC):
 
     def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
         """A request finished; no more jobs will be submitted for it."""
+
+    def on_schedule_end(self) -> None:  # noqa: B027
+        """The scheduler step ended; called before the step's queued jobs are submitted.
+        A tier that batches work per step (existence checks, see
+        :class:`kv_offload.AsyncLookup`) flushes it here."""
 
     def shutdown(self) -> None:  # noqa: B027
         """Release threads, files and connections."""

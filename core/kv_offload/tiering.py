@@ -42,9 +42,11 @@ _PENDING = LookupResult.PENDING
 
 @dataclass
 class TierStats:
-    """Counters of one secondary tier, cumulative."""
+    """Counters of one secondary tier, cumulative. ``lookups`` counts the CPU misses this
+    tier was asked about, ``lookup_hits`` those it held."""
 
     name: str
+    lookups: int = 0
     lookup_hits: int = 0
     promoted_blocks: int = 0
     failed_promotions: int = 0
@@ -69,6 +71,7 @@ class TieringStats:
 class _Job:
     tier: int
     meta: JobMetadata
+    submitted: float  # time.perf_counter() at submission
 
 
 class TieringOffloadingManager:
@@ -151,7 +154,8 @@ class TieringOffloadingManager:
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """The CPU tier's answer; on a CPU miss, the first tier holding the key is asked to
-        promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed)."""
+        promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed). When no
+        tier holds it but one answered ``None`` ("ask again"), ``PENDING``."""
         result = self.primary.lookup(key, req_context)
         if not self.tiers:
             return result
@@ -160,13 +164,18 @@ class TieringOffloadingManager:
             # evicting an earlier HIT of the same prefix would break its prepare_load.
             self._found.setdefault(req_context.req_id, set()).add(key)
             return result
+        ask_again = False
         for index, tier in enumerate(self.tiers):
-            if tier.lookup(key, req_context) is True:
-                answer = self._reserve_promotion(index, key, req_context)
-                if answer is _PENDING:
+            self._tier_stats[index].lookups += 1
+            answer = tier.lookup(key, req_context)
+            if answer is True:
+                result = self._reserve_promotion(index, key, req_context)
+                if result is _PENDING:
                     self._found.setdefault(req_context.req_id, set()).add(key)
-                return answer
-        return _MISS
+                return result
+            if answer is None:  # the tier cannot tell yet: the engine asks again next step
+                ask_again = True
+        return _PENDING if ask_again else _MISS
 
     def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         stats = self._tier_stats[index]
@@ -196,7 +205,13 @@ class TieringOffloadingManager:
         return _PENDING
 
     def on_schedule_end(self) -> None:
-        """Submit the promotions queued this step, then collect finished tier jobs."""
+        """Tell every tier the step ended, submit the promotions queued this step, then
+        collect finished tier jobs."""
+        for tier in self.tiers:
+            try:
+                tier.on_schedule_end()
+            except Exception:
+                logger.exception("tier %r raised from on_schedule_end()", tier.name)
         self._submit_queued()
         self._poll()
         self._raise_deferred()
@@ -217,7 +232,7 @@ class TieringOffloadingManager:
         job_id = self._next_job_id
         self._next_job_id += 1
         meta = JobMetadata(job_id, keys, slots, direction, ctx)
-        self._jobs[job_id] = _Job(index, meta)
+        self._jobs[job_id] = _Job(index, meta, time.perf_counter())
         tier = self.tiers[index]
         try:
             if direction is JobDirection.LOAD:
@@ -292,6 +307,8 @@ class TieringOffloadingManager:
             success=result.success,
             nbytes=nbytes,
             req_context=meta.req_context,
+            seconds=time.perf_counter() - job.submitted,
+            reason=result.reason,
         )
         self._call_hook(
             event_hook,

@@ -6,8 +6,10 @@ several cache lifetimes after it was stored: by then ARC's ghost lists (bounded 
 of keys) have forgotten it, so it re-enters as a first sighting and is evicted again before
 its next turn. This policy remembers every eviction of the last :data:`WINDOW` x capacity
 stored blocks, and a block that comes back within that window is a reuse: it enters ARC's
-frequency side (T2) directly. The recency/frequency split ``p`` still adapts exactly as in
-ARC, from ghost hits no older than one cache of stores (ARC's own ghost horizon).
+frequency side (T2) directly, with every key before it in its batch (prefix hashes chain, so
+a key vouches for its prefix). ``p`` adapts as in ARC, from remembered evictions still within
+ARC's ghost bounds; and miniature copies of the policy (:mod:`kv_offload_reuse.duel`) decide
+whether REPLACE uses that ``p``, ``p = 0`` or plain recency.
 
 The memory is a hash table of 16-bit words, :data:`SLOTS_PER_BLOCK` per cache block (64 bytes
 per block): each word holds an 8-bit fingerprint of the key, the 6-bit epoch of its eviction
@@ -15,7 +17,8 @@ per block): each word holds an 8-bit fingerprint of the key, the 6-bit epoch of 
 A collision overwrites the older record, which then reads as "never seen" (a missed reuse, as
 in plain ARC); a false match needs the same slot and fingerprint (under 1 in 256 of those).
 Every 8 epochs the 8 oldest are wiped in one numpy pass, so nothing outlives the window and
-memory never grows. Ghost-list sizes for ``p``'s step are the evictions counted per epoch.
+memory never grows. Ghost-list sizes for ``p``'s step are counted per epoch: evictions, less
+the ghosts that came back (a record lost to a collision stays counted until its epoch ends).
 
 The benchmark guarding this module is ``benchmarks/reuse_policy.py``; the straightforward
 reference it must match step by step is ``ReferenceReuse`` in ``tests/test_reuse_policy.py``.

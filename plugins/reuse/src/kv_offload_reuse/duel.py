@@ -1,18 +1,19 @@
-"""Miniature caches that decide between ARC's adaptive split and frequency first.
+"""Miniature caches that decide how the policy splits the cache.
 
 ARC moves ``p`` one ghost hit at a time, towards whichever list lost a block most recently.
-On prefix traces that local rule settles between two regimes that are each far better in
-their place: with a small cache, keeping the reused blocks (T2) and cycling first sightings
-through T1 as fast as possible (``p = 0``) wins by a wide margin, because first reuses come
-back long after T1 could have held them and the memory sends them to T2 anyway; with a
+On prefix traces that local rule settles between regimes that are each far better in their
+place: with a small cache, keeping the reused blocks (T2) and cycling first sightings through
+T1 as fast as possible (``p = 0``, "frequency") wins by a wide margin, because first reuses
+come back long after T1 could have held them and the memory sends them to T2 anyway; with a
 large cache the adaptive split wins, because T1 can then hold first sightings until their
-first reuse. Which regime applies depends on the trace and the capacity, so it is measured
-(set dueling, as in adaptive CPU cache insertion; miniature simulation as in SHARDS): two
-small copies of the policy, one adaptive and one with ``p`` pinned at 0, replay the requests
-restricted to a hash-sampled 1/R of the keys at 1/R of the capacity, and the cache follows
-the one with more hits, scored over the same horizon as the memory (WINDOW capacities of
-stored blocks). Sampling by key keeps each sampled key's full history, so a miniature
-cache sees the reuse distances of the real one, scaled by R.
+first reuse; and where reuse is mostly recent (a conversation's next turn soon after the
+last), plain recency (one LRU list) beats both. Which regime applies depends on the trace
+and the capacity, so it is measured (set dueling, as in adaptive CPU cache insertion;
+miniature simulation as in SHARDS): one small copy of the policy per mode replays the
+requests restricted to a hash-sampled 1/R of the keys at 1/R of the capacity, and the cache
+follows the one with the most hits, scored over the same horizon as the memory (WINDOW
+capacities of stored blocks). Sampling by key keeps each sampled key's full history, so a
+miniature cache sees the reuse distances of the real one, scaled by R.
 """
 
 from __future__ import annotations
