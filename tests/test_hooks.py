@@ -30,6 +30,8 @@ from kv_offload import (
     CachePolicyFactory,
     CPUOffloadingManager,
     HookError,
+    JobMetadata,
+    JobResult,
     KVOffloadPluginManager,
     LookupResult,
     ManagerError,
@@ -47,9 +49,8 @@ from kv_offload import (
     hookspecs,
     make_offload_key,
 )
-from kv_offload import hooks as hooks_module
+from kv_offload.plugins import loading as hooks_module
 from kv_offload.replay import replay
-from kv_offload.tier import JobMetadata, JobResult
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -415,12 +416,12 @@ def test_hook_arguments_are_a_copy_of_the_batch(pm: KVOffloadPluginManager) -> N
 
 def test_unimplemented_hooks_are_none_on_the_hot_path(pm: KVOffloadPluginManager) -> None:
     m = CPUOffloadingManager(4, plugin_manager=pm)
-    assert all(getattr(m._hooks, name) is None for name in SPECS)
+    assert all(getattr(m.hooks, name) is None for name in SPECS)
     observer = NoOpObserver()
     pm.register(observer)
-    assert {name for name in SPECS if getattr(m._hooks, name) is not None} == set(EVENT_HOOKS)
+    assert {name for name in SPECS if getattr(m.hooks, name) is not None} == set(EVENT_HOOKS)
     pm.unregister(observer)
-    assert all(getattr(m._hooks, name) is None for name in SPECS)
+    assert all(getattr(m.hooks, name) is None for name in SPECS)
 
 
 # -- store admission --------------------------------------------------------------------------
@@ -840,7 +841,7 @@ def test_unknown_hook_name_is_rejected_at_registration(pm: KVOffloadPluginManage
     assert "kv_offload_blocks_stored" in message.split("hook names are")[1]  # the valid ones
     assert (exc.value.kind, exc.value.plugin) == ("hook", "typo")
     assert pm.get_plugin("typo") is None
-    assert m._hooks.blocks_stored is None  # nothing of it stays behind
+    assert m.hooks.blocks_stored is None  # nothing of it stays behind
     store(m, ReqContext("r"), 1)
 
 

@@ -6,13 +6,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .base import OffloadingManager
 from .config import StackConfig, load_config, tier_error
+from .cpu import CPUOffloadingManager
 from .errors import ConfigError
-from .hooks import KVOffloadPluginManager, create_plugin_manager
-from .manager import CPUOffloadingManager
-from .tier import OffloadingConfig, SecondaryTierManager
-from .tier_factory import SecondaryTierFactory
-from .tiering import TieringOffloadingManager
+from .plugins import KVOffloadPluginManager, create_plugin_manager
+from .tiering import (
+    OffloadingConfig,
+    SecondaryTierFactory,
+    SecondaryTierManager,
+    TieringOffloadingManager,
+)
 
 __all__ = ["build_manager"]
 
@@ -21,7 +25,7 @@ def build_manager(
     config: Mapping[str, Any] | str | Path | StackConfig,
     *,
     plugin_manager: KVOffloadPluginManager | None = None,
-) -> CPUOffloadingManager | TieringOffloadingManager:
+) -> OffloadingManager:
     """Validate ``config`` (a dict, a TOML path or a :class:`StackConfig`) and build the stack.
 
     Without tiers the result is a :class:`CPUOffloadingManager`; with tiers, a
@@ -47,7 +51,8 @@ def build_manager(
     if not stack.tiers:
         return primary
     buffer = primary.kv_buffer
-    assert buffer is not None
+    if buffer is None:  # pragma: no cover - the config always sets block_size_bytes
+        raise ConfigError("a stack with tiers needs block_size_bytes")
     offloading = OffloadingConfig(stack.num_blocks, buffer.block_size_bytes)
     tiers: list[SecondaryTierManager] = []
     try:
