@@ -97,8 +97,11 @@ class SecondaryTierManager(ABC):
 
     @abstractmethod
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """``True`` if the block is here and readable, ``False`` if absent, ``None`` while a
-        store of it is still in flight (ask again later)."""
+        """``True`` if the block is here and readable, ``False`` if absent, ``None`` for "ask
+        again": a store of it is still in flight, or the answer is not known yet (an existence
+        check runs in the background). While a tier answers ``None`` and no tier answers
+        ``True``, the tiered manager's ``lookup`` answers ``LookupResult.PENDING``, and the
+        engine asks again after its next step."""
 
     @abstractmethod
     def submit_store(self, job: JobMetadata) -> None:
@@ -118,6 +121,10 @@ class SecondaryTierManager(ABC):
 
     def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
         """A request finished; no more jobs will be submitted for it."""
+
+    def on_schedule_end(self) -> None:  # noqa: B027
+        """The scheduler step ended: called on every tier before the step's queued promotions
+        are submitted (a tier batching work per step, e.g. lookups, flushes it here)."""
 
     def shutdown(self) -> None:  # noqa: B027
         """Release threads, files and connections."""

@@ -153,7 +153,13 @@ class TieringOffloadingManager(OffloadingManager):
         return _PENDING
 
     def on_schedule_end(self) -> None:
-        """Submit the promotions queued this step, then collect finished tier jobs."""
+        """Tell every tier the step ended, submit the promotions queued this step, then
+        collect finished tier jobs."""
+        for tier in self.tiers:
+            try:
+                tier.on_schedule_end()
+            except Exception:
+                logger.exception("tier %r raised from on_schedule_end(); ignored", tier.name)
         self._submit_queued()
         self._jobs.poll()
         self._errors.raise_pending()
