@@ -99,3 +99,41 @@ def test_the_base_tier_on_schedule_end_is_a_no_op() -> None:
     tier = RecordingTier(OffloadingConfig(4, BLOCK), primary.kv_buffer.view, "plain")
     assert tier.on_schedule_end() is None
     m.shutdown()
+
+
+def test_ask_again_answers_pending_until_the_tier_knows() -> None:
+    m, (a,), _ = stack(4, "a")
+    ctx = ReqContext("r")
+    a.unsure.add(key(7))
+    assert m.lookup(key(7), ctx) is PENDING  # not known yet: not a miss
+    assert m.get_stats().cpu.misses == 1  # the CPU tier itself did miss
+    a.unsure.clear()
+    assert m.lookup(key(7), ctx) is MISS  # the tier now says it does not have it
+    m.shutdown()
+
+
+def test_a_later_tier_holding_the_key_wins_over_ask_again() -> None:
+    m, (a, b), _ = stack(2, "a", "b")
+    ctx = ReqContext("r")
+    store(m, [0], ctx)
+    m.on_schedule_end()
+    store(m, [1, 2], ctx)  # evicts 0 from the CPU tier; both tiers hold it
+    m.on_schedule_end()
+    a.unsure.add(key(0))
+    assert m.lookup(key(0), ReqContext("s")) is PENDING
+    m.on_schedule_end()
+    m.drain()
+    assert [len(t.loads()) for t in (a, b)] == [0, 1]  # promoted from b, which knew
+    assert m.lookup(key(0), ReqContext("s")) is HIT
+    m.shutdown()
+
+
+def test_ask_again_reserves_nothing() -> None:
+    m, (a,), _ = stack(2, "a")
+    a.unsure.add(key(9))
+    assert m.lookup(key(9), ReqContext("r")) is PENDING
+    stats = m.get_stats()
+    assert stats.promotions_queued == 0
+    assert stats.cpu.pending_blocks == 0
+    assert not m.has_pending_work()
+    m.shutdown()

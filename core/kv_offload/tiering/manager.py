@@ -116,7 +116,12 @@ class TieringOffloadingManager(OffloadingManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """The CPU tier's answer; on a CPU miss, the first tier holding the key is asked to
-        promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed)."""
+        promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed).
+
+        A tier answering ``None`` ("ask again": its store is in flight, or its existence check
+        has not finished) makes the answer ``PENDING`` unless a later tier holds the key, so
+        the engine asks again after its next step instead of recomputing the block.
+        """
         result = self.primary.lookup(key, req_context)
         if not self.tiers:
             return result
@@ -125,13 +130,17 @@ class TieringOffloadingManager(OffloadingManager):
             # evicting an earlier HIT of the same prefix would break its prepare_load.
             self._found.setdefault(req_context.req_id, set()).add(key)
             return result
+        ask_again = False
         for index, tier in enumerate(self.tiers):
-            if tier.lookup(key, req_context) is True:
+            held = tier.lookup(key, req_context)
+            if held is True:
                 answer = self._reserve_promotion(index, key, req_context)
                 if answer is _PENDING:
                     self._found.setdefault(req_context.req_id, set()).add(key)
                 return answer
-        return _MISS
+            if held is None:
+                ask_again = True
+        return _PENDING if ask_again else _MISS
 
     def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._jobs.stats[index].lookup_hits += 1
