@@ -92,8 +92,14 @@ class SecondaryTierManager(ABC):
 
     @property
     def name(self) -> str:
-        """How events, hooks and stats name this tier."""
-        return self.tier_type
+        """How events, hooks, stats and ``kv-offload replay`` name this tier: the config's
+        ``name`` (set by the factory) or, by default, the tier type."""
+        name: str | None = getattr(self, "_name", None)
+        return name or self.tier_type
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
 
     @abstractmethod
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:

@@ -2,7 +2,9 @@
 
 ``config["type"]`` names the tier and resolves like a policy name (runtime registration, then
 ``kv_offload.tiers`` entry points, then ``config["module_path"]``). ``module_path`` is only a
-loading hint; every other key is a constructor argument of the tier.
+loading hint and ``name`` sets the tier's :attr:`~SecondaryTierManager.name` after
+construction (see :mod:`kv_offload.tiering.names`); every other key is a constructor argument
+of the tier.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ __all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_argumen
 
 TIER_ENTRY_POINT_GROUP = "kv_offload.tiers"
 _RESERVED = ("config", "primary_kv_view", "tier_type")
+#: Keys of a tier config that are kv-offload's, not constructor arguments.
+_NOT_ARGUMENTS = ("type", "module_path", "name")
 
 _registry: PluginRegistry[SecondaryTierManager] = PluginRegistry(
     "tier",
@@ -73,10 +77,10 @@ class SecondaryTierFactory:
         """Resolve ``config["type"]`` and construct it with the remaining keys."""
         tier_type = _tier_type(config)
         tier_cls = cls.get_tier_class(config)
-        arguments = {k: v for k, v in config.items() if k not in ("type", "module_path")}
+        arguments = {k: v for k, v in config.items() if k not in _NOT_ARGUMENTS}
         check_tier_arguments(tier_type, tier_cls, arguments)
         try:
-            return tier_cls(offloading_config, primary_kv_view, tier_type, **arguments)
+            tier = tier_cls(offloading_config, primary_kv_view, tier_type, **arguments)
         except KVOffloadError:
             raise
         except Exception as exc:
@@ -86,6 +90,24 @@ class SecondaryTierFactory:
                 kind="tier",
                 plugin=tier_type,
             ) from exc
+        name = config.get("name")
+        if name is not None and name != tier.name:
+            _set_name(tier, tier_type, name)
+        return tier
+
+
+def _set_name(tier: SecondaryTierManager, tier_type: str, name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"tier {tier_type!r}: 'name' must be a non-empty string, got {name!r}")
+    try:
+        tier.name = name
+    except AttributeError:
+        cls = type(tier)
+        raise ConfigError(
+            f"tier {tier_type!r} ({cls.__module__}.{cls.__qualname__}) defines a read-only "
+            f"name {tier.name!r} and cannot be called {name!r}; drop its 'name' key (or do "
+            f"not repeat the type)"
+        ) from None
 
 
 def check_tier_arguments(
