@@ -17,6 +17,7 @@ from .tiering import (
     SecondaryTierManager,
     TieringOffloadingManager,
 )
+from .tiering.names import tier_names
 
 __all__ = ["build_manager"]
 
@@ -54,14 +55,16 @@ def build_manager(
     if buffer is None:  # pragma: no cover - the config always sets block_size_bytes
         raise ConfigError("a stack with tiers needs block_size_bytes")
     offloading = OffloadingConfig(stack.num_blocks, buffer.block_size_bytes)
+    names = tier_names([(tier.type, tier.name) for tier in stack.tiers])
     tiers: list[SecondaryTierManager] = []
     try:
         for index, tier in enumerate(stack.tiers):
+            config = tier.as_factory_config()
+            if names[index] != tier.type:
+                config["name"] = names[index]
             try:
                 tiers.append(
-                    SecondaryTierFactory.create_secondary_tier(
-                        tier.as_factory_config(), buffer.view, offloading
-                    )
+                    SecondaryTierFactory.create_secondary_tier(config, buffer.view, offloading)
                 )
             except ConfigError as exc:  # e.g. an argument value the tier rejects
                 raise tier_error(stack, index, exc) from exc
