@@ -128,40 +128,40 @@ class CPUOffloadingManager(CPUManagerState):
         ``prepare_load`` is this plus a spec; a tiered manager pins blocks it cascades.
         """
         key_list, _, blocks = self._unique_blocks_of(keys, req_context, operation)
-        slots = self._slots
-        if not slots.all_readable(blocks):
+        pinned = self._slots.pin(blocks)
+        if pinned is None:
             raise check.key_state_error(
                 operation,
                 key_list,
-                slots.counts(blocks),
+                self._slots.counts(blocks),
                 check.not_readable,
                 "load only keys that lookup() answered HIT",
             )
-        if slots.pin(blocks) and self._mark_non_evictable is not None:
+        if self._mark_non_evictable is not None:
             refs = self._refs
-            for key, block in zip(key_list, blocks):
+            for key, block in zip(key_list, pinned):
                 if refs[block] == 1:
                     self._mark_non_evictable(key)
-        return blocks
+        return pinned
 
     def unpin(
         self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "unpin"
     ) -> int:
         """Release one reader of each block; returns how many keys were unpinned."""
         key_list, _, blocks = self._unique_blocks_of(keys, req_context, operation)
-        slots = self._slots
-        if not slots.all_pinned(blocks):
+        unpinned = self._slots.unpin(blocks)
+        if unpinned is None:
             pinner = "prepare_load" if operation == "complete_load" else "pin"
             raise check.key_state_error(
                 operation,
                 key_list,
-                slots.counts(blocks),
+                self._slots.counts(blocks),
                 check.not_pinned,
                 f"call {operation} only for keys pinned by {pinner}",
             )
-        if slots.unpin(blocks) and self._mark_evictable is not None:
+        if self._mark_evictable is not None:
             refs = self._refs
-            for key, block in zip(key_list, blocks):
+            for key, block in zip(key_list, unpinned):
                 if not refs[block]:
                     self._mark_evictable(key)
         return len(key_list)
@@ -245,11 +245,9 @@ class CPUOffloadingManager(CPUManagerState):
     ) -> None:
         """Make stored blocks loadable, or free their slots when ``success`` is false."""
         key_list, blocks = self._blocks_of(keys, req_context, "complete_store")
-        slots = self._slots
-        if not slots.all_pending(blocks):
-            raise check.storable_error(key_list, slots.counts(blocks))
+        if not self._slots.finish_store(blocks, success):
+            raise check.storable_error(key_list, self._slots.counts(blocks))
         if success:
-            slots.complete(blocks)
             self.counters.stored += len(key_list)
             if self._mark_evictable is not None:
                 for key in key_list:
@@ -261,7 +259,6 @@ class CPUOffloadingManager(CPUManagerState):
             remove = self._policy.remove
             for key in key_list:
                 remove(key)
-            slots.release_pending(blocks)
             self.counters.failed_stores += len(key_list)
             hook = self.hooks.store_failed
         if hook is not None:

@@ -16,7 +16,7 @@ policy's business, and which calls are legal the manager's.
 
 from __future__ import annotations
 
-from typing import TypeGuard
+from typing import cast
 
 from ..block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
 
@@ -47,81 +47,73 @@ class SlotTable:
     def num_resident(self) -> int:
         return self.num_allocated - len(self.free)
 
-    # -- questions (no state change) --------------------------------------------------------
+    # -- questions ----------------------------------------------------------------------------
 
     def counts(self, blocks: Blocks) -> list[int | None]:
         """Each block's ref count, ``None`` for an absent block (for error messages)."""
         refs = self.refs
         return [None if block is None else refs[block] for block in blocks]
 
-    def all_readable(self, blocks: Blocks) -> TypeGuard[list[BlockStatus]]:
-        """Every block resident and not pending."""
-        refs = self.refs
-        for block in blocks:  # noqa: SIM110 - a loop beats all() over a generator
-            if block is None or refs[block] < 0:
-                return False
-        return True
-
-    def all_pinned(self, blocks: Blocks) -> TypeGuard[list[BlockStatus]]:
-        """Every block resident and pinned at least once."""
-        refs = self.refs
-        for block in blocks:  # noqa: SIM110 - a loop beats all() over a generator
-            if block is None or refs[block] <= 0:
-                return False
-        return True
-
-    def all_pending(self, blocks: Blocks) -> TypeGuard[list[BlockStatus]]:
-        """Every block resident, pending, and listed once."""
-        refs = self.refs
-        for block in blocks:
-            if block is None or refs[block] != PENDING_REF_CNT:
-                return False
-        return len(set(blocks)) == len(blocks)
-
     def all_idle(self, blocks: tuple[BlockStatus, ...]) -> bool:
         """Every block readable and not pinned (raises for a non-slot, on purpose)."""
         return not any(map(self.refs.__getitem__, blocks))
 
-    # -- changes ----------------------------------------------------------------------------
+    # -- checked changes: each checks the whole batch first, then changes it or nothing -----
 
-    def pin(self, blocks: list[BlockStatus]) -> int:
-        """One more reader per block (readable ones); returns how many were idle before."""
+    def pin(self, blocks: Blocks) -> list[BlockStatus] | None:
+        """One more reader per block, if every block is readable (else ``None``)."""
         refs = self.refs
-        newly_pinned = 0
         for block in blocks:
+            if block is None or refs[block] < 0:
+                return None
+        ready = cast("list[BlockStatus]", blocks)
+        newly_pinned = 0
+        for block in ready:
             count = refs[block]
             if not count:
                 newly_pinned += 1
             refs[block] = count + 1
         self.num_evictable -= newly_pinned
         self.num_pinned += newly_pinned
-        return newly_pinned
+        return ready
 
-    def unpin(self, blocks: list[BlockStatus]) -> int:
-        """One reader less per block (pinned ones); returns how many became idle."""
+    def unpin(self, blocks: Blocks) -> list[BlockStatus] | None:
+        """One reader less per block, if every block is pinned (else ``None``)."""
         refs = self.refs
-        released = 0
         for block in blocks:
+            if block is None or refs[block] <= 0:
+                return None
+        pinned = cast("list[BlockStatus]", blocks)
+        released = 0
+        for block in pinned:
             count = refs[block] - 1
             if not count:
                 released += 1
             refs[block] = count
         self.num_evictable += released
         self.num_pinned -= released
-        return released
+        return pinned
 
-    def complete(self, blocks: list[BlockStatus]) -> None:
-        """Pending blocks become idle (their store landed)."""
+    def finish_store(self, blocks: Blocks, success: bool) -> bool:
+        """If every block is pending and listed once, make them idle (``success``) or free;
+        else ``False`` and no change."""
         refs = self.refs
         for block in blocks:
-            refs[block] = 0
-        self.num_pending -= len(blocks)
-        self.num_evictable += len(blocks)
+            if block is None or refs[block] != PENDING_REF_CNT:
+                return False
+        if len(set(blocks)) != len(blocks):
+            return False
+        pending = cast("list[BlockStatus]", blocks)
+        self.num_pending -= len(pending)
+        if success:
+            for block in pending:
+                refs[block] = 0
+            self.num_evictable += len(pending)
+        else:
+            self.free.extend(pending)
+        return True
 
-    def release_pending(self, blocks: list[BlockStatus]) -> None:
-        """Pending blocks go back to the free list (their store failed)."""
-        self.free.extend(blocks)
-        self.num_pending -= len(blocks)
+    # -- unchecked changes (the caller checked) ---------------------------------------------
 
     def release_idle(self, blocks: tuple[BlockStatus, ...]) -> None:
         """Idle blocks go back to the free list (they were evicted)."""
