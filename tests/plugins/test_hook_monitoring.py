@@ -14,7 +14,6 @@ from kv_offload import (
     HookError,
     KVOffloadPluginManager,
     ReqContext,
-    create_plugin_manager,
     hookimpl,
     make_offload_key,
 )
@@ -41,11 +40,6 @@ def store(m: CPUOffloadingManager, i: int) -> None:
     out = m.prepare_store([make_offload_key(i)], CTX)
     assert out is not None
     m.complete_store(out.keys_to_store, CTX)
-
-
-@pytest.fixture
-def pm() -> KVOffloadPluginManager:
-    return create_plugin_manager(autoload=False)
 
 
 def monitor(pm: KVOffloadPluginManager) -> tuple[list[str], list[str], Any]:
