@@ -14,8 +14,6 @@ builds the error on the slow path.
 from __future__ import annotations
 
 from collections.abc import Collection
-from itertools import compress, repeat
-from operator import is_
 
 from ..block_status import BlockStatus
 from ..errors import ManagerError
@@ -199,12 +197,9 @@ class CPUOffloadingManager(CPUManagerState):
         key_list, key_set, blocks = self._unique_blocks_of(keys, req_context, "prepare_store")
         if protected:
             key_set = key_set.union(protected)
-        count = blocks.count(None)
-        if count == len(key_list):
-            to_store = key_list[:]
-        elif count:
-            to_store = list(compress(key_list, map(is_, blocks, repeat(None))))
-        else:
+        to_store = [key for key, block in zip(key_list, blocks) if block is None]
+        count = len(to_store)
+        if not count:
             return _empty_store()
         if (hook := self.hooks.store_admission) is not None:
             answer = hook(manager=self, keys=list(to_store), req_context=req_context)
