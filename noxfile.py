@@ -29,6 +29,8 @@ def install_stack(session: nox.Session, *extras: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
+    """The suite. tests/redis_tier needs `redis-server` and `redis-cli` on PATH
+    (`apt-get install -y redis-server`; .ci/run installs them): skipped without, failed under CI."""
     install_stack(session, "test")
     session.run("pytest", *session.posargs)
 
@@ -58,7 +60,10 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/memory.py")
     session.run("python", "benchmarks/dataplane.py")
     session.run("python", "benchmarks/hooks_overhead.py")
+    session.run("python", "benchmarks/prometheus_overhead.py")
+    session.run("python", "benchmarks/fs_tier.py")
     session.run("python", "benchmarks/vllm_side_by_side.py")
+    session.run("python", "benchmarks/redis_tier.py")
 
 
 @nox.session

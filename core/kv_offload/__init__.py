@@ -3,6 +3,7 @@ eviction policies, storage tiers and lifecycle hooks."""
 
 from __future__ import annotations
 
+from .async_lookup import AsyncLookup, AsyncLookupStats
 from .base import OffloadingManager
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
@@ -22,6 +23,7 @@ from .errors import (
     PluginError,
     PluginImportError,
     PluginNotFoundError,
+    PluginSettingsError,
     PluginTypeError,
     PluginValidationError,
 )
@@ -58,6 +60,8 @@ from .types import (
 )
 
 __all__ = [
+    "AsyncLookup",
+    "AsyncLookupStats",
     "build_manager",
     "load_config",
     "OffloadingManager",
@@ -104,6 +108,7 @@ __all__ = [
     "PluginImportError",
     "PluginInfo",
     "PluginNotFoundError",
+    "PluginSettingsError",
     "PluginTypeError",
     "PluginValidationError",
     "PrepareStoreOutput",

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from .base import OffloadingManager
-from .config import StackConfig, load_config, tier_error
+from .config import StackConfig, hook_settings_error, load_config, tier_error
 from .cpu import CPUOffloadingManager
-from .errors import ConfigError
+from .errors import ConfigError, PluginSettingsError
 from .plugins import KVOffloadPluginManager, create_plugin_manager
 from .tiering import (
     OffloadingConfig,
@@ -32,15 +32,20 @@ def build_manager(
     Without tiers the result is a :class:`CPUOffloadingManager`; with tiers, a
     :class:`TieringOffloadingManager` whose CPU tier owns a KV buffer of
     ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table
-    unless ``plugin_manager`` is given.
+    unless ``plugin_manager`` is given; a plugin's ``[hooks.<name>]`` settings go to its
+    ``create_plugin``, whose errors (a port in use) are reported like validation errors.
     """
     stack = load_config(config)
     if plugin_manager is None:
-        plugin_manager = create_plugin_manager(
-            autoload=stack.hooks.autoload,
-            allow=stack.hooks.enable or None,
-            block=stack.hooks.block,
-        )
+        try:
+            plugin_manager = create_plugin_manager(
+                autoload=stack.hooks.autoload,
+                allow=stack.hooks.enable or None,
+                block=stack.hooks.block,
+                settings=stack.hooks.settings,
+            )
+        except PluginSettingsError as exc:
+            raise hook_settings_error(stack, exc) from exc
     primary = CPUOffloadingManager(
         stack.num_blocks,
         cache_policy=stack.policy,

@@ -19,6 +19,9 @@ key                    type          default    meaning
 ``[hooks] autoload``   bool          true       load ``kv_offload.hooks`` entry points
 ``[hooks] enable``     list[str]     []         only these hook plugins load (empty: all)
 ``[hooks] block``      list[str]     []         these hook plugins never load
+``[hooks.<name>]``     table         unset      settings of hook plugin ``<name>``, checked
+                                                by the plugin's ``parse_settings`` (see
+                                                ``kv_offload.hooks``)
 ``[[tiers]] type``     str           required   secondary tier plugin name, in cascade order
 ``[[tiers]] name``     str           the type   what stats, events and hooks call the tier;
                                                 unique; unnamed repeats of a type are
@@ -43,9 +46,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, KVOffloadError, PluginNotFoundError
-from .hooks import HOOK_ENTRY_POINT_GROUP
-from .plugins import PluginInfo
+from .errors import (
+    ConfigError,
+    KVOffloadError,
+    PluginImportError,
+    PluginNotFoundError,
+    PluginSettingsError,
+)
+from .plugins import PluginInfo, dist_label, parse_plugin_settings
+from .plugins.loading import HOOK_ENTRY_POINT_GROUP
+from .redact import redact_secrets
 from .tiering.names import TierNameError, tier_names
 
 if sys.version_info >= (3, 11):
@@ -98,6 +108,8 @@ class HooksConfig:
     autoload: bool = True
     enable: tuple[str, ...] = ()
     block: tuple[str, ...] = ()
+    #: plugin name -> its ``[hooks.<name>]`` table, as written
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -125,11 +137,13 @@ class StackConfig:
                 "policy_module_path": self.policy_module_path,
                 "enable_events": self.enable_events,
             },
-            "tiers": [t.as_factory_config() for t in self.tiers],
+            # Printed by `kv-offload validate`: credentials in tier arguments are masked.
+            "tiers": [redact_secrets(t.as_factory_config()) for t in self.tiers],
             "hooks": {
                 "autoload": self.hooks.autoload,
                 "enable": list(self.hooks.enable),
                 "block": list(self.hooks.block),
+                **({"settings": dict(self.hooks.settings)} if self.hooks.settings else {}),
             },
             "allow_module_path": self.allow_module_path,
         }
@@ -283,15 +297,34 @@ def parse_config(
     hooks_data = data.get("hooks", {})
     if not isinstance(hooks_data, Mapping):
         raise v.fail(("hooks",), f"must be a table, got {hooks_data!r}")
-    v.unknown(hooks_data, _HOOK_KEYS, ("hooks",))
+    # A table under [hooks] holds one plugin's settings; any other unknown key is a typo.
+    settings = {k: dict(t) for k, t in hooks_data.items() if isinstance(t, Mapping)}
+    v.unknown(hooks_data, _HOOK_KEYS | set(settings), ("hooks",))
     hooks = HooksConfig(
         autoload=v.boolean(hooks_data, "autoload", True, ("hooks",)),
         enable=v.names(hooks_data, "enable", ("hooks",)),
         block=v.names(hooks_data, "block", ("hooks",)),
+        settings=settings,
     )
     overlap = set(hooks.enable) & set(hooks.block)
     if overlap:
         raise v.fail(("hooks", "block"), f"{sorted(overlap)} are both enabled and blocked")
+    for name in settings:  # settings for a plugin that never loads would be ignored silently
+        unloaded = (
+            "[hooks] autoload = false"
+            if not hooks.autoload
+            else "it is blocked"
+            if name in hooks.block
+            else f"it is not in [hooks] enable {list(hooks.enable)}"
+            if hooks.enable and name not in hooks.enable
+            else None
+        )
+        if unloaded is not None:
+            raise v.fail(
+                ("hooks", name),
+                f"settings for hook plugin {name!r}, which does not load ({unloaded}); "
+                "load it or remove the table",
+            )
 
     tiers_data = data.get("tiers", [])
     if not isinstance(tiers_data, list):
@@ -397,16 +430,45 @@ def resolve_config(config: StackConfig) -> None:
         except ConfigError as exc:
             bad = next((k for k in tier.arguments if repr(k) in str(exc)), "type")
             raise v.fail(("tiers", index, bad), str(exc)) from exc
-    if config.hooks.enable:
-        installed = {ep.name for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}
-        for name in config.hooks.enable:
-            if name not in installed:
+    hook_eps = {ep.name: ep for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}
+    for key, names in (("enable", config.hooks.enable), ("settings", config.hooks.settings)):
+        for name in names:
+            if name not in hook_eps:
                 raise v.fail(
-                    ("hooks", "enable"),
-                    f"no hook plugin {name!r} is installed{_did_you_mean(name, installed)} "
-                    f"(installed: {', '.join(sorted(installed)) or 'none'}; "
+                    ("hooks", "enable") if key == "enable" else ("hooks", name),
+                    f"no hook plugin {name!r} is installed{_did_you_mean(name, set(hook_eps))} "
+                    f"(installed: {', '.join(sorted(hook_eps)) or 'none'}; "
                     "see `kv-offload plugins`)",
                 )
+    for name, table in config.hooks.settings.items():
+        try:
+            parse_plugin_settings(name, load_hook_entry_point(hook_eps[name]), table)
+        except PluginSettingsError as exc:
+            raise hook_settings_error(config, exc) from exc
+
+
+def load_hook_entry_point(ep: metadata.EntryPoint) -> Any:
+    """Import a hook plugin's entry point, as plugin managers do (same error on failure)."""
+    try:
+        return ep.load()
+    except Exception as exc:
+        raise PluginImportError(
+            f"hook plugin {ep.name!r} from distribution {dist_label(ep)} failed to import "
+            f"({ep.value}): {type(exc).__name__}: {exc}",
+            kind="hook",
+            plugin=ep.name,
+        ) from exc
+
+
+def hook_settings_error(config: StackConfig, exc: PluginSettingsError) -> ConfigError:
+    """A hook plugin's rejection of its settings, located at the setting its message names
+    (else at its ``[hooks.<name>]`` table)."""
+    v = _Validator(_Locator(config.source, _read_text(config.source)))
+    table = config.hooks.settings.get(exc.plugin, {})
+    named = [(m.start(), k) for k in table if (m := re.search(rf"\b{re.escape(k)}\b", str(exc)))]
+    bad = min(named)[1] if named else None  # the setting the message names first
+    path: _Path = ("hooks", exc.plugin, bad) if bad is not None else ("hooks", exc.plugin)
+    return v.fail(path, str(exc))
 
 
 def tier_error(config: StackConfig, index: int, exc: Exception) -> ConfigError:

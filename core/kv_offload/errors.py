@@ -21,6 +21,7 @@ __all__ = [
     "PluginTypeError",
     "DuplicateRegistrationError",
     "PluginValidationError",
+    "PluginSettingsError",
     "HookError",
 ]
 
@@ -87,6 +88,11 @@ class DuplicateRegistrationError(PluginError):
 
 class PluginValidationError(PluginError):
     """A hook plugin implements an unknown hook or takes arguments its hook does not have."""
+
+
+class PluginSettingsError(ConfigError, PluginError):
+    """A hook plugin rejected its ``[hooks.<name>]`` settings (or takes none); ``plugin``
+    names it. Config validation reports it located at the setting, ``file:line``."""
 
 
 class HookError(PluginError):

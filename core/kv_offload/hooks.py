@@ -12,6 +12,7 @@ from .plugins.loading import (
     create_plugin_manager,
     get_plugin_manager,
 )
+from .plugins.settings import configure_plugin, parse_plugin_settings, takes_settings
 
 __all__ = [
     "ALLOW_ENV",
@@ -19,6 +20,9 @@ __all__ = [
     "BLOCK_ENV",
     "HOOK_ENTRY_POINT_GROUP",
     "KVOffloadPluginManager",
+    "configure_plugin",
     "create_plugin_manager",
+    "parse_plugin_settings",
+    "takes_settings",
     "get_plugin_manager",
 ]

@@ -24,6 +24,7 @@ from .registry import (
     PluginRegistry,
     dist_label,
 )
+from .settings import configure_plugin, parse_plugin_settings, takes_settings
 
 __all__ = [
     "ALLOW_ENV",
@@ -38,9 +39,12 @@ __all__ = [
     "KVOffloadPluginManager",
     "PluginInfo",
     "PluginRegistry",
+    "configure_plugin",
     "create_plugin_manager",
     "dist_label",
     "get_plugin_manager",
     "hookspecs",
+    "parse_plugin_settings",
     "register_if_hookimpl",
+    "takes_settings",
 ]

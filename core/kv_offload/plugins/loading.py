@@ -9,6 +9,8 @@ Hook plugins come from three places:
 * :meth:`KVOffloadPluginManager.register` at run time;
 * the policy and tier instances of a manager, when they carry hookimpls.
 
+A hook plugin can take ``[hooks.<name>]`` settings (see :mod:`.settings`).
+
 Pass a plugin manager to a manager with ``plugin_manager=``; without one, managers share the
 process-wide :func:`get_plugin_manager`.
 """
@@ -27,6 +29,7 @@ import pluggy
 from ..errors import PluginImportError, PluginValidationError
 from . import hookspecs
 from .registry import dist_label
+from .settings import configure_plugin
 
 __all__ = [
     "AUTOLOAD_DISABLE_ENV",
@@ -138,11 +141,15 @@ class KVOffloadPluginManager(pluggy.PluginManager):
         self._changed()
 
     def load_entry_points(
-        self, allow: Iterable[str] | None = None, block: Iterable[str] = ()
+        self,
+        allow: Iterable[str] | None = None,
+        block: Iterable[str] = (),
+        settings: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[str]:
         """Register the ``kv_offload.hooks`` plugins; returns the names loaded.
 
-        ``allow`` (if given) limits which names load; ``block`` names are never imported.
+        ``allow`` (if given) limits which names load; ``block`` names are never imported;
+        ``settings`` maps a plugin name to its ``[hooks.<name>]`` table.
         """
         allowed = set(allow) if allow is not None else None
         blocked = set(block)
@@ -163,6 +170,7 @@ class KVOffloadPluginManager(pluggy.PluginManager):
                     kind="hook",
                     plugin=ep.name,
                 ) from exc
+            plugin = configure_plugin(ep.name, plugin, (settings or {}).get(ep.name))
             self.register(plugin, name=ep.name)
             loaded.append(ep.name)
         return loaded
@@ -173,10 +181,12 @@ def create_plugin_manager(
     allow: Iterable[str] | None = None,
     block: Iterable[str] = (),
     plugins: Iterable[Any] = (),
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> KVOffloadPluginManager:
     """A new plugin manager; entry points load unless ``autoload`` is false or the
     ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` environment variable is set. ``allow``/``block``
-    add to ``KV_OFFLOAD_PLUGINS``/``KV_OFFLOAD_BLOCK_PLUGINS``."""
+    add to ``KV_OFFLOAD_PLUGINS``/``KV_OFFLOAD_BLOCK_PLUGINS``; ``settings`` holds the
+    ``[hooks.<name>]`` tables of plugins that take settings."""
     pm = KVOffloadPluginManager()
     blocked = set(block) | _names(os.environ.get(BLOCK_ENV))
     for name in blocked:
@@ -186,7 +196,7 @@ def create_plugin_manager(
     if allow is not None or env_allow:
         allowed = set(allow or ()) | env_allow
     if autoload and not os.environ.get(AUTOLOAD_DISABLE_ENV):
-        pm.load_entry_points(allowed, blocked)
+        pm.load_entry_points(allowed, blocked, settings)
     for plugin in plugins:
         pm.register(plugin)
     return pm

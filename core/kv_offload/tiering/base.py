@@ -68,10 +68,13 @@ class JobMetadata:
 
 @dataclass(frozen=True)
 class JobResult:
-    """The outcome of one job; ``success=False`` releases its pins and reservations."""
+    """The outcome of one job; ``success=False`` releases its pins and reservations.
+    ``reason`` says why a job failed (for logs and the ``kv_offload_tier_job_finished`` hook),
+    e.g. ``"checksum mismatch"`` or ``"ENOSPC: No space left on device"``."""
 
     job_id: JobId
     success: bool
+    reason: str | None = None
 
 
 class SecondaryTierManager(ABC):

@@ -34,6 +34,7 @@ logger = logging.getLogger("kv_offload.tiering")
 class _Job:
     tier: int
     meta: JobMetadata
+    submitted: float  # time.perf_counter() at submission
 
 
 class JobTable:
@@ -75,7 +76,7 @@ class JobTable:
         job_id = self._next_id
         self._next_id += 1
         meta = JobMetadata(job_id, keys, np.asarray(slots, np.int64), direction, ctx)
-        self._jobs[job_id] = _Job(index, meta)
+        self._jobs[job_id] = _Job(index, meta, time.perf_counter())
         tier = self._tiers[index]
         try:
             if direction is JobDirection.LOAD:
@@ -166,6 +167,8 @@ class JobTable:
             success=result.success,
             nbytes=nbytes,
             req_context=meta.req_context,
+            seconds=time.perf_counter() - job.submitted,
+            reason=result.reason,
         )
         errors.fire(
             event_hook,

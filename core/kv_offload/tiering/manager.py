@@ -131,7 +131,9 @@ class TieringOffloadingManager(OffloadingManager):
             self._found.setdefault(req_context.req_id, set()).add(key)
             return result
         ask_again = False
+        stats = self._jobs.stats
         for index, tier in enumerate(self.tiers):
+            stats[index].lookups += 1
             held = tier.lookup(key, req_context)
             if held is True:
                 answer = self._reserve_promotion(index, key, req_context)

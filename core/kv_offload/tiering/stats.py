@@ -11,9 +11,11 @@ __all__ = ["TierStats", "TieringStats"]
 
 @dataclass
 class TierStats:
-    """Counters of one secondary tier, cumulative."""
+    """Counters of one secondary tier, cumulative. ``lookups`` counts the CPU misses this
+    tier was asked about, ``lookup_hits`` those it held."""
 
     name: str
+    lookups: int = 0
     lookup_hits: int = 0
     promoted_blocks: int = 0
     failed_promotions: int = 0

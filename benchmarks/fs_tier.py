@@ -1,0 +1,275 @@
+"""fs tier throughput against plain file I/O of the same bytes, in the same directory and run.
+
+One batch of ``--blocks`` blocks of ``--block-kib`` KiB (default 256 x 256 KiB = 64 MiB):
+
+* store: one ``submit_store`` job of the batch from the CPU buffer, polled to completion with
+  ``get_finished`` (a file per block: header, checksum, temporary name, rename), against a
+  plain sequential ``write`` of the same rows into one file (``fsync`` at the end when the
+  tier runs with ``fsync = "always"``: the same durability when each reports done);
+* load: one ``submit_load`` job of the batch into other CPU rows (read, header check,
+  checksum), against a plain sequential ``read`` of the raw file into the same rows. Both read
+  what was just written, so both come from the page cache.
+
+Each round runs raw store, tier store, raw load, tier load, interleaved so both sides see the
+same machine; a fresh tier directory and raw file per round (built outside the timing). The
+report gives GB/s (best and median of the rounds) and the tier/raw ratio of each round (best
+and median), for each ``fsync`` mode; targets are >= 0.8x raw for stores into a full tier
+(the steady state of a cache: each store evicts, and the evicted file is recycled) and for
+loads, with 4 I/O threads. Stores into an empty tier ("cold": a new file per block) are
+reported too, without a target. Loaded rows are checked to be
+byte-identical to the stored ones.
+
+Then the restart: ``--restart-blocks`` blocks (default 100,000, of ``--restart-block-kib``
+KiB: the start scans names and sizes, so the block size does not matter to it) are stored,
+the tier shut down and constructed again; the report gives the construction time and the
+index memory per block (tracemalloc, what the constructed tier retains). Writing and deleting
+100,000 files takes minutes on a slow disk; ``--restart-blocks 0`` skips it.
+
+    python benchmarks/fs_tier.py [--blocks 256] [--block-kib 256] [--threads 4]
+        [--rounds 7] [--fsync never|always|both] [--dir DIR] [--restart-blocks 100000]
+        [--restart-block-kib 4] [--json] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from kv_offload import (
+    CPUKVBuffer,
+    JobDirection,
+    JobMetadata,
+    OffloadingConfig,
+    ReqContext,
+    make_offload_key,
+)
+from kv_offload_fs_tier import FileSystemTier
+
+TARGET = 0.8
+CTX = ReqContext("bench")
+
+
+def make_tier(buffer: CPUKVBuffer, root: Path, capacity: int, **args: Any) -> FileSystemTier:
+    config = OffloadingConfig(buffer.num_blocks, buffer.block_size_bytes)
+    return FileSystemTier(config, buffer.view, "fs", root, capacity_blocks=capacity, **args)
+
+
+def run_job(tier: FileSystemTier, job: JobMetadata) -> None:
+    if job.direction is JobDirection.STORE:
+        tier.submit_store(job)
+    else:
+        tier.submit_load(job)
+    while True:
+        done = tier.get_finished()
+        if done:
+            if not all(r.success for r in done):
+                raise SystemExit(f"fs tier job failed: {done}")
+            return
+        time.sleep(0.00005)
+
+
+def raw_store(path: Path, rows: np.ndarray, durable: bool) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for row in rows:
+            os.write(fd, row.data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raw_load(path: Path, rows: np.ndarray) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for row in rows:
+            os.readv(fd, [row.data])
+    finally:
+        os.close(fd)
+
+
+def timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+OPS = ("cold_store", "store", "load")
+
+
+def throughput(
+    base: Path, blocks: int, block_size: int, threads: int, rounds: int, fsync: str
+) -> dict[str, Any]:
+    buffer = CPUKVBuffer(2 * blocks, block_size)
+    rows = buffer.array
+    rows[:blocks] = np.random.default_rng(0).integers(0, 256, (blocks, block_size), np.uint8)
+    src, dst = rows[:blocks], rows[blocks:]
+    src_ids = np.arange(blocks, dtype=np.int64)
+    dst_ids = src_ids + blocks
+    durable = fsync == "always"
+    times: dict[str, list[float]] = {f"{side}{op}": [] for op in OPS for side in ("", "raw_")}
+    for r in range(rounds + 1):  # round 0 warms up, untimed
+        root, raw = base / f"tier-{fsync}-{r}", base / f"raw-{fsync}-{r}"
+        tier = make_tier(buffer, root, blocks, fsync=fsync, io_threads=threads)
+        first = [make_offload_key(2 * r * blocks + i) for i in range(blocks)]
+        second = [make_offload_key((2 * r + 1) * blocks + i) for i in range(blocks)]
+        jobs = [
+            JobMetadata(3 * r, first, src_ids, JobDirection.STORE, CTX),
+            # the tier is full: each block evicts one, whose file is recycled
+            JobMetadata(3 * r + 1, second, src_ids, JobDirection.STORE, CTX),
+            JobMetadata(3 * r + 2, second, dst_ids, JobDirection.LOAD, CTX),
+        ]
+        measured = {
+            "raw_cold_store": timed(partial(raw_store, raw, src, durable)),  # a new file
+            "cold_store": timed(partial(run_job, tier, jobs[0])),  # new files
+            "raw_store": timed(partial(raw_store, raw, src, durable)),  # the file again
+            "store": timed(partial(run_job, tier, jobs[1])),
+        }
+        dst[:] = 0
+        measured["raw_load"] = timed(partial(raw_load, raw, dst))
+        if not np.array_equal(dst, src):
+            raise SystemExit("raw read back different bytes")
+        dst[:] = 0
+        measured["load"] = timed(partial(run_job, tier, jobs[2]))
+        if not np.array_equal(dst, src):
+            raise SystemExit("fs tier loaded different bytes")
+        tier.shutdown()
+        shutil.rmtree(root)
+        raw.unlink()
+        if r:
+            for name, t in measured.items():
+                times[name].append(t)
+    nbytes = blocks * block_size
+    result: dict[str, Any] = {"fsync": fsync, "threads": threads, "bytes": nbytes}
+    for op in OPS:
+        tier_t, raw_t = times[op], times[f"raw_{op}"]
+        result[op] = {
+            "tier_gb_s_best": nbytes / min(tier_t) / 1e9,
+            "tier_gb_s_median": nbytes / statistics.median(tier_t) / 1e9,
+            "raw_gb_s_best": nbytes / min(raw_t) / 1e9,
+            "raw_gb_s_median": nbytes / statistics.median(raw_t) / 1e9,
+            # raw time / tier time of the same round: both saw the same machine
+            "ratio_best": max(r / t for r, t in zip(raw_t, tier_t)),
+            "ratio_median": statistics.median(r / t for r, t in zip(raw_t, tier_t)),
+            "target": TARGET if op != "cold_store" else None,
+        }
+    buffer.close()
+    return result
+
+
+def restart(base: Path, count: int, block_size: int, threads: int) -> dict[str, Any]:
+    buffer = CPUKVBuffer(1024, block_size)
+    root = base / "restart"
+    tier = make_tier(buffer, root, count, io_threads=threads)
+    ids = np.arange(1024, dtype=np.int64)
+    start = time.perf_counter()
+    for job, first in enumerate(range(0, count, 1024)):
+        keys = [make_offload_key(i) for i in range(first, min(first + 1024, count))]
+        run_job(tier, JobMetadata(job, keys, ids[: len(keys)], JobDirection.STORE, CTX))
+    write_s = time.perf_counter() - start
+    tier.shutdown()
+    start = time.perf_counter()
+    tier = make_tier(buffer, root, count, io_threads=threads)
+    seconds = time.perf_counter() - start
+    found = len(tier)
+    tier.shutdown()
+    tracemalloc.start()  # a second start, traced: what the constructed tier retains
+    before = tracemalloc.get_traced_memory()[0]
+    tier = make_tier(buffer, root, count, io_threads=threads)
+    retained = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    tier.shutdown()
+    shutil.rmtree(root)
+    buffer.close()
+    if found != count:
+        raise SystemExit(f"restart found {found} of {count} blocks")
+    return {
+        "blocks": count,
+        "block_size": block_size,
+        "store_seconds": write_s,
+        "restart_seconds": seconds,
+        "index_bytes_per_block": retained / count,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=256)
+    parser.add_argument("--block-kib", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--fsync", choices=["never", "always", "both"], default="both")
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: tmp)")
+    parser.add_argument("--restart-blocks", type=int, default=100_000)
+    parser.add_argument("--restart-block-kib", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--check", action="store_true", help="exit 1 below a target")
+    args = parser.parse_args(argv)
+    base = Path(tempfile.mkdtemp(prefix="kv-fs-bench-", dir=args.dir))
+    try:
+        modes = ["never", "always"] if args.fsync == "both" else [args.fsync]
+        results = [
+            throughput(base, args.blocks, args.block_kib * 1024, args.threads, args.rounds, m)
+            for m in modes
+        ]
+        restarted = (
+            restart(base, args.restart_blocks, args.restart_block_kib * 1024, args.threads)
+            if args.restart_blocks
+            else None
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"throughput": results, "restart": restarted}, indent=2))
+    else:
+        print(
+            f"fs tier vs plain file I/O: {args.blocks} x {args.block_kib} KiB, "
+            f"{args.threads} I/O threads, {args.rounds} interleaved rounds (best / median)"
+        )
+        header = f"{'fsync':<7}{'op':<11}{'tier GB/s':>16}{'raw GB/s':>16}{'ratio':>16}  target"
+        print(header)
+        print("-" * len(header))
+        for res in results:
+            for op in OPS:
+                r = res[op]
+                print(
+                    f"{res['fsync']:<7}{op:<11}"
+                    f"{r['tier_gb_s_best']:>8.2f} / {r['tier_gb_s_median']:<5.2f}"
+                    f"{r['raw_gb_s_best']:>8.2f} / {r['raw_gb_s_median']:<5.2f}"
+                    f"{r['ratio_best']:>8.2f} / {r['ratio_median']:<5.2f}  "
+                    + (f">= {TARGET}" if r["target"] else "-")
+                )
+        if restarted:
+            print(
+                f"restart with {restarted['blocks']} blocks: "
+                f"{restarted['restart_seconds']:.2f} s; index "
+                f"{restarted['index_bytes_per_block']:.0f} bytes per block "
+                f"(stored in {restarted['store_seconds']:.1f} s)"
+            )
+    if args.check:
+        below = [
+            f"{res['fsync']} {op}"
+            for res in results
+            for op in ("store", "load")
+            if res[op]["ratio_best"] < TARGET
+        ]
+        if below:
+            print("below target: " + ", ".join(below), file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

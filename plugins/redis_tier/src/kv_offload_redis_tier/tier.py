@@ -1,0 +1,501 @@
+"""The Redis tier: block bytes shared by many engines through Redis/Valkey, standalone or Cluster.
+
+Scheduler side (never blocks): ``submit_*`` hand the job to a small thread pool and return;
+``lookup`` answers from what this tier knows (a store in flight: ``None``) or through
+:class:`kv_offload.AsyncLookup`, which checks all keys asked in a scheduler step with one
+pipelined ``EXISTS`` round trip per server, flushed in ``on_schedule_end``; ``get_finished``
+collects results. Every accepted job reports exactly one result.
+
+I/O side (the pool's threads): a job goes out in batches of ``batch_blocks`` blocks, one
+pipeline per server per batch. Stores send each CPU row as it is in the buffer (no copy, see
+:mod:`.wire`) behind a header (:mod:`.codec`); loads check every value and copy the payload
+into its CPU row: a value that fails the check or vanished fails the load, is counted, and a
+bad one is deleted. A connection failure opens the server's circuit breaker: later jobs for it
+fail at once until a retry after ``retry_after_s`` (doubling) reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from kv_offload import AsyncLookup, OffloadKey, ReqContext
+from kv_offload.errors import ConfigError
+from kv_offload.tier import JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
+from redis import Redis
+from redis.exceptions import (
+    AskError,
+    AuthenticationError,
+    ClusterDownError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import codec
+from .breaker import CircuitBreaker
+from .servers import Group, Servers, Unreachable
+from .settings import RedisTierSettings
+from .wire import Parts, exists_many
+
+__all__ = ["RedisTier", "RedisTierStats"]
+
+logger = logging.getLogger("kv_offload.redis_tier")
+
+# Errors that mean "this server cannot be reached right now": they open its breaker.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+# Replies that mean "ask the right node": refresh the Cluster slot map.
+_REROUTE = (AskError, ClusterDownError, TryAgainError)
+_EXISTS_CHUNK = 1024
+
+
+@dataclass
+class RedisTierStats:
+    """Cumulative counters of one Redis tier (blocks unless named otherwise)."""
+
+    stored_blocks: int = 0
+    loaded_blocks: int = 0
+    failed_store_jobs: int = 0
+    failed_load_jobs: int = 0
+    #: values that failed the header/checksum check (each deleted)
+    corrupt_values: int = 0
+    #: keys that were gone at load time (evicted, expired, deleted)
+    vanished_values: int = 0
+    #: jobs failed without I/O because their server's breaker was open
+    fast_failed_jobs: int = 0
+    #: jobs refused because ``max_in_flight`` jobs were already running
+    refused_jobs: int = 0
+    #: connection failures and timeouts
+    server_errors: int = 0
+    reconnects: int = 0
+    lookup_round_trips: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+
+
+class _BatchFailed(Exception):
+    """One batch of a job failed; the message says why (already counted and logged)."""
+
+
+class RedisTier(SecondaryTierManager):
+    """``[[tiers]] type = "redis"``; every keyword argument is a config key (README)."""
+
+    def __init__(
+        self,
+        config: OffloadingConfig,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        password_env: str | None = None,
+        cluster: bool = False,
+        startup_nodes: Sequence[str] | None = None,
+        namespace: str = "kv-offload",
+        ttl_s: float | None = None,
+        batch_blocks: int = 16,
+        connect_timeout_s: float = 2.0,
+        timeout_s: float = 5.0,
+        max_in_flight: int = 64,
+        io_threads: int = 2,
+        retry_after_s: float = 0.5,
+        max_retry_after_s: float = 10.0,
+        lookup_cache: int = 100_000,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+    ) -> None:
+        super().__init__(config, primary_kv_view, tier_type)
+        self.settings = s = RedisTierSettings.from_args(
+            tier_type,
+            url=url,
+            password_env=password_env,
+            cluster=cluster,
+            startup_nodes=startup_nodes,
+            namespace=namespace,
+            ttl_s=ttl_s,
+            batch_blocks=batch_blocks,
+            connect_timeout_s=connect_timeout_s,
+            timeout_s=timeout_s,
+            max_in_flight=max_in_flight,
+            io_threads=io_threads,
+            retry_after_s=retry_after_s,
+            max_retry_after_s=max_retry_after_s,
+            lookup_cache=lookup_cache,
+            tls_ca_file=tls_ca_file,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )
+        self.stats = RedisTierStats()
+        self._stats_lock = threading.Lock()
+        self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
+        self._block = config.block_size_bytes
+        self._prefix = f"{s.namespace}:".encode()
+        self._ttl_ms = None if s.ttl_s is None else max(1, int(s.ttl_s * 1000))
+        self._servers = Servers(s)
+        self._fatal: str | None = None  # the namespace check failed: every job fails
+        self._namespace_checked = False
+        self._namespace_lock = threading.Lock()
+        try:
+            self._check_namespace(at_startup=True)
+        except BaseException:
+            self._servers.close()  # no thread started yet; leave no socket behind either
+            raise
+        self._pool = ThreadPoolExecutor(s.io_threads, thread_name_prefix=f"kv-offload-{tier_type}")
+        self._done: deque[tuple[JobResult, JobMetadata]] = deque()
+        self._in_flight = 0
+        self._storing: dict[OffloadKey, int] = {}  # keys of this tier's stores in flight
+        self._lookups = AsyncLookup(self._exists, name=tier_type, max_results=s.lookup_cache)
+        self._closed = False
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (
+            f"RedisTier({s.safe_url!r}, namespace={s.namespace!r}, cluster={s.cluster}, "
+            f"block_size_bytes={self._block})"
+        )
+
+    # -- the scheduler side ---------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        if key in self._storing:
+            return None
+        return self._lookups.lookup(key, req_context)
+
+    def on_schedule_end(self) -> None:
+        self._lookups.flush()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookups.release(req_context.req_id)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Nothing to do: the server's LRU/LFU sees every ``GET``."""
+
+    def submit_store(self, job: JobMetadata) -> None:
+        if self._accept(job):
+            for key in job.keys:
+                self._storing[key] = self._storing.get(key, 0) + 1
+            self._pool.submit(self._run, job, self._store_batch)
+
+    def submit_load(self, job: JobMetadata) -> None:
+        if self._accept(job):
+            self._pool.submit(self._run, job, self._load_batch)
+
+    def get_finished(self) -> list[JobResult]:
+        results: list[JobResult] = []
+        done = self._done
+        while done:
+            result, job = done.popleft()
+            self._in_flight -= 1
+            if job.is_promotion:
+                if not result.success:
+                    # Whatever made it fail (server down, value gone or corrupt), what the
+                    # tier believed about these keys is stale: the next lookup asks again
+                    # (else a cached "present" would promote, fail and promote forever).
+                    for key in job.keys:
+                        self._lookups.forget(key)
+            else:
+                for key in job.keys:
+                    left = self._storing.get(key, 1) - 1
+                    if left:
+                        self._storing[key] = left
+                    else:
+                        self._storing.pop(key, None)
+                    if result.success:
+                        self._lookups.record(key, True)
+            results.append(result)
+        return results
+
+    def get_stats(self) -> dict[str, Any]:
+        """The counters of :class:`RedisTierStats` plus the lookup helper's, as a dict."""
+        with self._stats_lock:
+            out: dict[str, Any] = asdict(self.stats)
+        out["lookups"] = asdict(self._lookups.stats)
+        out["jobs_in_flight"] = self._in_flight
+        return out
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self._lookups.shutdown()
+        self._servers.close()
+
+    def _accept(self, job: JobMetadata) -> bool:
+        """Take the job, or report it failed at once (closed, overloaded, server down)."""
+        self._in_flight += 1
+        reason = None
+        if self._closed:
+            reason = "closed"
+        elif self._in_flight > self.settings.max_in_flight:
+            reason = "refused"
+        elif not self.settings.cluster and self._servers_blocked():
+            reason = "fast"
+        if reason is None:
+            return True
+        self._count(
+            refused_jobs=int(reason == "refused"),
+            fast_failed_jobs=int(reason == "fast"),
+            **{"failed_load_jobs" if job.is_promotion else "failed_store_jobs": 1},
+        )
+        self._done.append((JobResult(job.job_id, success=False), job))
+        return False
+
+    def _servers_blocked(self) -> bool:
+        return self._servers.standalone_blocked()
+
+    # -- the I/O side ---------------------------------------------------------------------
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for name, delta in deltas.items():
+                setattr(self.stats, name, getattr(self.stats, name) + delta)
+
+    def _rkey(self, key: OffloadKey) -> bytes:
+        return self._prefix + key.hex().encode()
+
+    def _run(self, job: JobMetadata, batch: Any) -> None:
+        """One job, batch after batch; always ends in exactly one result."""
+        success = False
+        try:
+            if self._fatal is not None:
+                raise _BatchFailed(self._fatal)
+            self._check_namespace(at_startup=False)
+            slots = job.block_ids.tolist()
+            step = self.settings.batch_blocks
+            for start in range(0, len(job.keys), step):
+                batch(job.keys[start : start + step], slots[start : start + step])
+            success = True
+        except _BatchFailed as exc:
+            logger.debug("%s: job %d failed: %s", self.name, job.job_id, exc)
+        except Exception:
+            logger.exception("%s: job %d failed unexpectedly", self.name, job.job_id)
+        finally:
+            if not success:
+                self._count(**{"failed_load_jobs" if job.is_promotion else "failed_store_jobs": 1})
+            self._done.append((JobResult(job.job_id, success), job))
+
+    def _groups(self, rkeys: Sequence[bytes]) -> list[Group]:
+        """Route a batch; fail it at once if any of its servers is known to be down."""
+        groups = self._servers.route(rkeys)
+        for group in groups:
+            if group.client is None or group.breaker is None:
+                self._count(fast_failed_jobs=1)
+                raise _BatchFailed(group.reason)
+            if not group.breaker.allow():
+                self._count(fast_failed_jobs=1)
+                raise _BatchFailed(f"{self._where(group.server)} is down; retrying later")
+        return groups
+
+    def _execute(self, group: Group, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """One pipeline (one round trip) on ``group``'s server; connection errors open its
+        breaker and fail the batch, other per-command errors come back in the list."""
+
+        def pipeline(client: Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            return list(pipe.execute(raise_on_error=False))
+
+        replies = self._talk(group, pipeline)
+        if any(isinstance(r, _REROUTE) for r in replies):
+            self._servers.refresh_topology()
+        return replies
+
+    def _talk(self, group: Group, exchange: Callable[[Redis], list[Any]]) -> list[Any]:
+        """Run one round trip on ``group``'s server, keeping its breaker up to date."""
+        client, breaker = group.client, group.breaker
+        if client is None or breaker is None:
+            raise _BatchFailed(group.reason)
+        try:
+            replies = exchange(client)
+        except _UNREACHABLE as exc:
+            self._server_failed(group.server, breaker, exc)
+            raise _BatchFailed(f"{self._where(group.server)}: {type(exc).__name__}") from None
+        if breaker.success():
+            self._count(reconnects=1)
+            logger.warning("%s: %s is reachable again", self.name, self._where(group.server))
+        return replies
+
+    def _server_failed(self, server: str, breaker: CircuitBreaker, exc: BaseException) -> None:
+        self._count(server_errors=1)
+        if breaker.failure():
+            hint = ""
+            if isinstance(exc, AuthenticationError):
+                hint = " (check the password: url or password_env)"
+            logger.warning(
+                "%s: %s failed (%s: %s)%s; its jobs fail at once until a retry in %.1f s",
+                self.name,
+                self._where(server),
+                type(exc).__name__,
+                exc,
+                hint,
+                breaker.first_delay,
+            )
+
+    def _where(self, server: str) -> str:
+        return self.settings.safe_url if server == "server" else f"Cluster node {server}"
+
+    def _store_batch(self, keys: list[OffloadKey], slots: list[int]) -> None:
+        rkeys = [self._rkey(k) for k in keys]
+        expiry: tuple[Any, ...] = () if self._ttl_ms is None else ("PX", self._ttl_ms)
+        for group in self._groups(rkeys):
+            commands = []
+            for i in group.indices:
+                row = self._cpu[slots[i]]
+                commands.append(("SET", rkeys[i], Parts(codec.header(keys[i], row), row), *expiry))
+            replies = self._execute(group, commands)
+            bad = [r for r in replies if isinstance(r, Exception)]
+            if bad:
+                # e.g. OOM with maxmemory-policy noeviction: the server is up, the job fails
+                logger.warning("%s: a store was refused: %s", self.name, bad[0])
+                raise _BatchFailed(str(bad[0]))
+        self._count(stored_blocks=len(keys), bytes_written=len(keys) * self._block)
+
+    def _load_batch(self, keys: list[OffloadKey], slots: list[int]) -> None:
+        rkeys = [self._rkey(k) for k in keys]
+        failure = None
+        for group in self._groups(rkeys):
+            replies = self._execute(group, [("GET", rkeys[i]) for i in group.indices])
+            corrupt: list[bytes] = []
+            for i, value in zip(group.indices, replies):
+                if value is None:
+                    self._count(vanished_values=1)
+                    self._lookups.forget(keys[i])
+                    failure = failure or "a block vanished (evicted, expired or deleted)"
+                    continue
+                if isinstance(value, ResponseError):
+                    failure = failure or str(value)
+                    continue
+                try:
+                    payload = codec.check(value, keys[i], self._block)
+                except codec.BadValue as exc:
+                    self._count(corrupt_values=1)
+                    self._lookups.forget(keys[i])
+                    corrupt.append(rkeys[i])
+                    logger.warning(
+                        "%s: value %r failed its check (%s); deleted, the load fails",
+                        self.name,
+                        rkeys[i].decode(),
+                        exc,
+                    )
+                    failure = failure or f"corrupt value: {exc}"
+                    continue
+                np.copyto(self._cpu[slots[i]], np.frombuffer(payload, np.uint8))
+            if corrupt:
+                # If the server went away meanwhile, the next reader finds it corrupt again.
+                with contextlib.suppress(_BatchFailed):
+                    self._execute(group, [("DEL", k) for k in corrupt])
+            if failure is not None:
+                raise _BatchFailed(failure)
+        self._count(loaded_blocks=len(keys), bytes_read=len(keys) * self._block)
+
+    def _exists(self, keys: list[OffloadKey]) -> list[bool]:
+        """The AsyncLookup resolver: one round trip of ``EXISTS`` commands per server (and per
+        1,024 keys); keys of an unreachable server answer ``False`` (a miss: the engine
+        recomputes)."""
+        answers = [False] * len(keys)
+        if self._fatal is not None:
+            return answers
+        try:
+            self._check_namespace(at_startup=False)
+        except _BatchFailed:
+            return answers
+        rkeys = [self._rkey(k) for k in keys]
+        for group in self._servers.route(rkeys):
+            if group.client is None or group.breaker is None or not group.breaker.allow():
+                continue
+            for start in range(0, len(group.indices), _EXISTS_CHUNK):
+                chunk = group.indices[start : start + _EXISTS_CHUNK]
+                names = [rkeys[i] for i in chunk]
+                try:
+                    replies = self._talk(group, functools.partial(exists_many, keys=names))
+                except _BatchFailed:
+                    break
+                except ResponseError as exc:  # MOVED after a failover, NOAUTH, ...
+                    logger.debug("%s: existence check refused: %s", self.name, exc)
+                    if isinstance(exc, _REROUTE):
+                        self._servers.refresh_topology()
+                    break
+                self._count(lookup_round_trips=1)
+                for i, present in zip(chunk, replies):
+                    answers[i] = present
+        return answers
+
+    # -- the namespace check --------------------------------------------------------------
+
+    def _check_namespace(self, *, at_startup: bool) -> None:
+        """Claim ``namespace`` for this block size and format, or refuse a namespace that
+        holds another one. At startup an unreachable server is only a warning (the tier
+        retries); a wrong password or a mismatch is a :class:`ConfigError`."""
+        if self._namespace_checked:
+            return
+        with self._namespace_lock:
+            if self._namespace_checked:
+                return
+            s = self.settings
+            meta = f"{s.namespace}:__format__".encode()
+            mine = f"kv-offload-redis-tier format={codec.FORMAT_VERSION} block_size={self._block}"
+            try:
+                server, client, breaker = self._servers.client_for(meta)
+                if not at_startup and not breaker.allow():
+                    raise _BatchFailed(f"{self._where(server)} is down; retrying later")
+                try:
+                    theirs = self._claim(client, meta, mine)
+                except _UNREACHABLE as exc:
+                    self._server_failed(server, breaker, exc)
+                    if at_startup and isinstance(exc, AuthenticationError):
+                        raise ConfigError(
+                            f"tier {s.tier!r}: {s.safe_url} refused the credentials "
+                            f"({exc}); check the password in the url or in password_env"
+                        ) from None
+                    if at_startup and "certificate verify failed" in str(exc).lower():
+                        raise ConfigError(
+                            f"tier {s.tier!r}: the TLS certificate of {s.safe_url} is not "
+                            f"trusted ({exc}); set tls_ca_file to the CA that signed it"
+                        ) from None
+                    raise _BatchFailed(f"{self._where(server)}: {type(exc).__name__}") from None
+                breaker.success()
+            except (_BatchFailed, Unreachable) as exc:
+                if at_startup:
+                    logger.warning(
+                        "%s: %s is not reachable at startup (%s); jobs fail until it is",
+                        self.name,
+                        s.safe_url,
+                        exc,
+                    )
+                    return
+                raise _BatchFailed(str(exc)) from None
+            if theirs != mine:
+                message = (
+                    f"tier {s.tier!r}: namespace {s.namespace!r} on {s.safe_url} holds "
+                    f"{theirs!r}, this stack writes {mine!r}; give this model or block size "
+                    f"its own namespace"
+                )
+                if at_startup:
+                    raise ConfigError(message)
+                self._fatal = message
+                logger.error("%s: %s", self.name, message)
+                raise _BatchFailed(message)
+            self._namespace_checked = True
+
+    @staticmethod
+    def _claim(client: Redis, meta: bytes, mine: str) -> str:
+        if client.set(meta, mine, nx=True):
+            return mine
+        theirs = client.get(meta)
+        if theirs is None:  # evicted between the two commands: claim again next time
+            return mine
+        if isinstance(theirs, str):
+            return theirs
+        return bytes(theirs).decode(errors="replace")

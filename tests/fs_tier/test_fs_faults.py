@@ -1,0 +1,373 @@
+"""Faults: a full disk (a real small tmpfs where this process may mount one), EIO and EACCES
+(the I/O thread's system-call function patched), a read-only root, an I/O thread that raises,
+symlinks, permissions, a second process on the same directory, bad config. Whatever happens:
+no leaked pin, no hung request, the manager keeps serving from the CPU tier."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _fs import (
+    BLOCK,
+    HIT,
+    MISS,
+    all_modes,
+    block_files,
+    build_fs_stack,
+    check_no_leaks,
+    evict_from_cpu,
+    promote,
+    standalone_tier,
+    store,
+    temporary_files,
+)
+from _tiers import expected_rows, key
+from kv_offload import (
+    ConfigError,
+    CPUOffloadingManager,
+    JobDirection,
+    JobMetadata,
+    ReqContext,
+    build_manager,
+)
+from kv_offload_fs_tier import FileSystemTier, _format, _io
+
+
+def can_mount() -> bool:
+    return os.geteuid() == 0 and os.path.exists("/proc/self/mounts")
+
+
+@pytest.fixture
+def mounts() -> Iterator[list[Path]]:
+    """Mount points to unmount after the test."""
+    points: list[Path] = []
+    yield points
+    for point in reversed(points):
+        subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+
+
+def mount(points: list[Path], *args: str) -> bool:
+    done = subprocess.run(["mount", *args], check=False, capture_output=True)
+    if done.returncode == 0:
+        points.append(Path(args[-1]))
+    return done.returncode == 0
+
+
+def fail_with(code: int) -> Any:
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(code, os.strerror(code))
+
+    return failing
+
+
+def serves_from_cpu(m: Any) -> None:
+    """The CPU tier still stores and serves blocks."""
+    ctx = ReqContext("cpu-check")
+    out = m.prepare_store([key(999)], ctx)
+    assert out is not None
+    m.kv_buffer.write_blocks(out.store_spec.block_ids, expected_rows([key(999)], BLOCK))
+    m.complete_store(out.keys_to_store, ctx, success=True)
+    m.drain()
+    assert promote(m, key(999), ctx) is HIT
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+
+def test_a_full_disk_fails_stores_and_the_stack_keeps_serving(
+    tmp_path: Path, mounts: list[Path], monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    root = tmp_path / "small"
+    root.mkdir()
+    real = can_mount() and mount(
+        mounts, "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(root)
+    )
+    if not real:  # no mount here: the write system call says what a full disk says
+        calls = {"n": 0}
+        write = _io.write_block
+
+        def fill_up(*args: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] > 10:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            write(*args)
+
+        monkeypatch.setattr(_io, "write_block", fill_up)
+    m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    ctx = ReqContext("r")
+    with caplog.at_level(logging.WARNING, "kv_offload.fs_tier"):
+        for i in range(0, 40, 2):
+            store(m, [key(i), key(i + 1)], ctx)
+    stats = tier.get_stats()
+    assert stats.store_errors.get("ENOSPC", 0) > 0, stats
+    failed_jobs = stats.failed_store_jobs
+    assert m.get_stats().tiers[0].failed_cascades > 0
+    # One line per failed job, naming the reason.
+    lines = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(lines) == failed_jobs and all("ENOSPC" in line for line in lines)
+    assert not temporary_files(root)  # the partial writes were removed
+    check_no_leaks(m)
+    serves_from_cpu(m)
+    # What did fit is intact.
+    held = [i for i in range(40) if tier.lookup(key(i), ctx)]
+    assert held
+    for i in held:
+        assert promote(m, key(i), ctx) is HIT
+    m.shutdown()
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EACCES, errno.ENOSPC])
+def test_store_errors_fail_the_job_with_one_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    m = build_fs_stack(tmp_path / "fs", cpu_blocks=4)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    monkeypatch.setattr(_io, "write_block", fail_with(code))
+    ctx = ReqContext("r")
+    store(m, [key(1), key(2), key(3)], ctx)
+    name = errno.errorcode[code]
+    assert tier.get_stats().store_errors == {name: 1}
+    assert tier.get_stats().failed_store_jobs == 1
+    assert tier.lookup(key(1), ctx) is False
+    check_no_leaks(m)
+    serves_from_cpu(m)
+    monkeypatch.undo()
+    store(m, [key(4)], ctx)  # the tier works again once the disk does
+    assert tier.lookup(key(4), ctx) is True
+    m.shutdown()
+
+
+def test_a_read_error_is_a_failed_promotion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = build_fs_stack(tmp_path / "fs", cpu_blocks=4)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    ctx = ReqContext("r")
+    store(m, [key(1), key(2)], ctx)
+    evict_from_cpu(m, ctx)
+    monkeypatch.setattr(_io, "read_block", fail_with(errno.EIO))
+    assert promote(m, key(1), ctx) is MISS
+    assert tier.get_stats().drop_reasons == {"EIO": 1}
+    check_no_leaks(m)
+    monkeypatch.undo()
+    assert promote(m, key(2), ctx) is HIT
+    serves_from_cpu(m)
+    m.shutdown()
+
+
+def test_an_io_thread_that_raises_still_reports_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = build_fs_stack(tmp_path / "fs", cpu_blocks=4, io_threads=2)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    ctx = ReqContext("r")
+    store(m, [key(1)], ctx)
+    evict_from_cpu(m, ctx)
+
+    def broken(data: memoryview) -> int:
+        raise RuntimeError("checksum library broke")
+
+    monkeypatch.setattr(_format, "checksum", broken)
+    store(m, [key(2), key(3), key(4)], ctx)  # the store job fails, reported
+    assert promote(m, key(1), ctx) is MISS  # the load job fails, reported
+    stats = tier.get_stats()
+    assert stats.failed_store_jobs == 1 and stats.store_errors.get("internal", 0) >= 1
+    assert stats.drop_reasons == {"internal": 1}
+    check_no_leaks(m)
+    serves_from_cpu(m)
+    monkeypatch.undo()
+    store(m, [key(5)], ctx)  # the I/O threads survived
+    evict_from_cpu(m, ctx, start=2 * 10**6)
+    assert promote(m, key(5), ctx) is HIT
+    m.shutdown()
+
+
+# -- the root directory ---------------------------------------------------------------------------
+
+
+def test_a_read_only_root_is_reported_at_construction(tmp_path: Path, mounts: list[Path]) -> None:
+    root = tmp_path / "ro"
+    build_fs_stack(root).shutdown()  # an existing tier directory, then made read-only
+    fresh = tmp_path / "empty"
+    fresh.mkdir()
+    if can_mount():
+        ro = tmp_path / "ro-view"
+        ro.mkdir()
+        assert mount(mounts, "--bind", str(tmp_path), str(ro))
+        assert mount(mounts, "-o", "remount,ro,bind", str(ro))
+        targets = [ro / "ro", ro / "empty"]
+    else:
+        for path in (root, fresh):
+            path.chmod(0o500)
+        targets = [root, fresh]
+    for target in targets:
+        with pytest.raises(ConfigError, match="is not writable"):
+            build_fs_stack(target)
+
+
+def test_symlinked_subdirectories_are_refused_and_never_followed(tmp_path: Path) -> None:
+    root, outside = tmp_path / "fs", tmp_path / "outside"
+    outside.mkdir()
+    build_fs_stack(root).shutdown()
+    shard = root / "blocks" / "7f"
+    shard.rmdir()
+    shard.symlink_to(outside)
+    with pytest.raises(ConfigError, match="'7f' as a symlink"):
+        build_fs_stack(root)
+    shard.unlink()
+    # Swapped while the tier runs: the tier keeps writing into the directories it opened.
+    m = build_fs_stack(root, cpu_blocks=4)
+    (root / "moved").mkdir()
+    for sub in ("tmp", "blocks"):
+        (root / sub).rename(root / "moved" / sub)
+        (root / sub).symlink_to(outside)
+    ctx = ReqContext("r")
+    store(m, [key(i) for i in range(4)], ctx)
+    store(m, [key(i) for i in range(4, 8)], ctx)
+    assert m.get_stats().tiers[0].cascaded_blocks == 8
+    assert list(outside.iterdir()) == []
+    assert len(block_files(root / "moved")) == 8
+    m.shutdown()
+
+
+def test_files_are_0600_and_directories_0700(tmp_path: Path) -> None:
+    root = tmp_path / "fs"
+    m = build_fs_stack(root, cpu_blocks=8)
+    store(m, [key(i) for i in range(8)], ReqContext("r"))
+    m.shutdown()
+    assert os.lstat(root).st_mode & 0o777 == 0o700
+    modes = dict(all_modes(root))
+    assert len(modes) > 256
+    for path, mode in modes.items():
+        assert mode == (0o700 if path.is_dir() else 0o600), path
+
+
+def test_one_process_per_directory(tmp_path: Path) -> None:
+    m = build_fs_stack(tmp_path / "fs")
+    with pytest.raises(ConfigError, match=r"in use by another process \(pid \d+\)"):
+        build_fs_stack(tmp_path / "fs")
+    m.shutdown()
+    build_fs_stack(tmp_path / "fs").shutdown()  # released at shutdown
+
+
+def test_delete_on_shutdown_removes_what_the_tier_wrote(tmp_path: Path) -> None:
+    root = tmp_path / "cache" / "kv"
+    m = build_fs_stack(root, cpu_blocks=8, delete_on_shutdown=True)
+    store(m, [key(i) for i in range(8)], ReqContext("r"))
+    assert len(block_files(root)) == 8
+    m.shutdown()
+    assert not root.exists() and (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"root_dir": None}, "root_dir is required"),
+        ({"root_dir": 3}, "root_dir must be a path"),
+        ({"capacity_blocks": None}, "exactly one of capacity_bytes or capacity_blocks"),
+        ({"capacity_bytes": 10**9}, "exactly one of capacity_bytes or capacity_blocks"),
+        ({"capacity_blocks": 0}, "capacity_blocks must be a positive integer"),
+        ({"capacity_blocks": True}, "capacity_blocks must be a positive integer"),
+        ({"capacity_blocks": None, "capacity_bytes": 100}, "smaller than one block"),
+        ({"fsync": "sometimes"}, "fsync must be one of 'always', 'never'"),
+        ({"io_threads": 0}, "io_threads must be a positive integer"),
+        ({"io_threads": 1000}, "io_threads must be at most 64"),
+        ({"delete_on_shutdown": "yes"}, "delete_on_shutdown must be true or false"),
+    ],
+)
+def test_bad_arguments_are_config_errors_naming_the_key(
+    tmp_path: Path, args: dict[str, Any], match: str
+) -> None:
+    tier: dict[str, Any] = {"root_dir": str(tmp_path / "fs"), "capacity_blocks": 10, **args}
+    tier = {"type": "fs", **{k: v for k, v in tier.items() if v is not None}}
+    with pytest.raises(ConfigError, match=match) as info:
+        build_manager({"num_blocks": 4, "block_size_bytes": BLOCK, "tiers": [tier]})
+    assert "tier 'fs'" in str(info.value)
+    assert not (tmp_path / "fs").exists()  # refused before anything was created
+
+
+def test_a_root_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        build_fs_stack(tmp_path / "file")
+
+
+# -- capacity -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("unit", ["blocks", "bytes"])
+def test_capacity_holds_under_concurrent_stores(
+    tmp_path: Path, unit: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Many store jobs in flight at once (results collected now and then): the index plus the
+    blocks being written never exceed the bound; a job that finds the whole capacity held by
+    blocks in flight is refused ("full"), not squeezed in; once drained, the files on disk
+    are the index, and their bytes are right."""
+    cpu = CPUOffloadingManager(64, block_size_bytes=BLOCK)
+    assert cpu.kv_buffer is not None
+    file_size = 4096 + BLOCK
+    bound = {"capacity_blocks": 20} if unit == "blocks" else {"capacity_bytes": 20 * file_size}
+    tier = standalone_tier(tmp_path / "fs", cpu, io_threads=4, **bound)
+    rows = cpu.kv_buffer.array
+    rows[:] = np.random.default_rng(0).integers(0, 256, rows.shape, dtype=np.uint8)
+    source = {}  # key -> the CPU row it was stored from
+    results = []
+    caplog.set_level(logging.ERROR, "kv_offload.fs_tier")  # the refusals are expected here
+
+    def submit(job_id: int) -> None:
+        keys = [key(job_id * 4 + j) for j in range(4)]
+        slots = np.arange(job_id % 16 * 4, job_id % 16 * 4 + 4, dtype=np.int64)
+        source.update(zip(keys, slots.tolist()))
+        tier.submit_store(JobMetadata(job_id, keys, slots, JobDirection.STORE, ReqContext("r")))
+        assert len(tier) + len(tier._storing) <= 20
+
+    def collect(total: int) -> None:
+        while len(results) < total:
+            results.extend(tier.get_finished())
+
+    # Waves of 4 jobs (16 blocks) in flight on 4 threads, evicting as they go: all fit.
+    for wave in range(12):
+        for job_id in range(wave * 4, wave * 4 + 4):
+            submit(job_id)
+        collect(wave * 4 + 4)
+    assert all(r.success for r in results)
+    assert tier.get_stats().evicted_blocks == 48 * 4 - 20
+    # A burst of 12 jobs (48 blocks) at once: what the in-flight blocks cannot make room for
+    # is refused.
+    for job_id in range(48, 60):
+        submit(job_id)
+    collect(60)
+    ok = {r.job_id for r in results if r.success}
+    stats = tier.get_stats()
+    assert 48 < len(ok) < 60 and stats.store_errors == {"full": 60 - len(ok)}
+    assert len(tier) == 20 and stats.used == (20 if unit == "blocks" else 20 * file_size)
+    held = list(tier._index)
+    assert all(int.from_bytes(k[:8], "big") // 4 in ok for k in held)
+    tier.shutdown()  # finishes the background deletes
+    assert len(block_files(tmp_path / "fs")) == 20
+    reader_cpu = CPUOffloadingManager(20, block_size_bytes=BLOCK)
+    reader = standalone_tier(tmp_path / "fs", reader_cpu, **bound)
+    assert sorted(reader._index) == sorted(held)
+    slots = np.arange(20, dtype=np.int64)
+    reader.submit_load(JobMetadata(0, held, slots, JobDirection.LOAD, ReqContext("r")))
+    done: list[Any] = []
+    while not done:
+        done = reader.get_finished()
+    assert done[0].success
+    assert reader_cpu.kv_buffer is not None
+    expected = rows[[source[k] for k in held]]
+    np.testing.assert_array_equal(reader_cpu.kv_buffer.array, expected)
+    reader.shutdown()
