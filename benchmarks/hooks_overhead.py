@@ -4,25 +4,20 @@ The replay is ``kv_offload.replay.replay`` over the bundled Mooncake trace
 (``kv_offload.trace.read_trace``), one fresh LRU ``CPUOffloadingManager`` of ``--capacity``
 blocks (20000) per run, timed by the replay itself (the request loop only). Four builds:
 
-* ``bypassed``: the baseline, a "hooks bypassed" build of the hot path. It is made from the
-  source of ``kv_offload/manager.py`` as it is now: the module is parsed with :mod:`ast`,
-  every hook-dispatch ``if`` statement (each ``if`` whose test mentions ``self._hooks.``) is
-  removed (its ``else`` branch, if any, kept), and so is the ``_admit`` method, the only path
-  to the store-admission hook. The result is compiled as a separate module
-  (``kv_offload._manager_hooks_bypassed``, package ``kv_offload`` so its relative imports
-  resolve to the real modules) and its ``CPUOffloadingManager`` class replayed. Everything
-  else (validation, bookkeeping, events) is byte-for-byte the shipped code, so the difference
-  to (a) is the cost of the dispatch checks alone.
+* ``null dispatcher``: the baseline, the shipped manager with its hook callers replaced by
+  a null dispatcher (:class:`NullHooks`, every hook ``None`` and never rebuilt). The manager
+  takes its dispatcher from its public ``hooks`` attribute, so nothing else differs: the
+  difference to (a) is what an empty plugin manager costs beyond the ``None`` checks.
 * ``(a) no hook plugins``: the shipped manager with an empty plugin manager.
 * ``(b) no-op observer``: one plugin implementing every event hook (all arguments, no body).
-* ``(c) seen-twice admission``: the ``kv_offload_store_admission`` plugin of the test suite
-  (``tests/_hook_plugins.py``; vLLM's ``store_threshold=2``), fresh for each run.
-* ``bypassed, A/A control``: the bypassed build again. Its ratio to the first is pure
+* ``(c) seen-twice admission``: a ``kv_offload_store_admission`` plugin storing a block the
+  second time it is offered (vLLM's ``store_threshold=2``), fresh for each run.
+* ``null dispatcher, A/A control``: the baseline again. Its ratio to the first is pure
   measurement noise: a ratio of the other builds closer to 1 than that is not resolved.
 
-Runs are interleaved (bypassed, a, b, c, control, then again, ``--repeat`` times, 5 by default) so
+Runs are interleaved (null, a, b, c, control, then again, ``--repeat`` times, 5 by default) so
 machine noise hits every build alike; each build's best time is reported, as a ratio to the
-bypassed build's best (the targets apply to it), and as the median over rounds of each
+null-dispatcher build's best (the targets apply to it), and as the median over rounds of each
 round's ratio (less sensitive to one lucky run). Targets from the issue: (a) at most 3%
 slower, (b) at most 15%.
 (c) changes what is stored, so its ratio is informational (it usually stores less).
@@ -38,112 +33,147 @@ the code, would dominate the comparison. ``--clock wall`` times with ``perf_coun
 from __future__ import annotations
 
 import argparse
-import ast
 import gc
 import json
 import statistics
 import sys
 import time
-import types
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import kv_offload.manager
 from kv_offload import (
     CPUOffloadingManager,
     KVOffloadPluginManager,
     OffloadKey,
     ReqContext,
     create_plugin_manager,
+    hookimpl,
 )
+from kv_offload.plugins import HOOK_NAMES
 from kv_offload.replay import ReplayResult, replay
 from kv_offload.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / "data" / "conversation_trace.jsonl"
-sys.path.insert(0, str(ROOT / "tests"))
-from _hook_plugins import NoOpObserver, SeenTwiceAdmission  # noqa: E402
 
 Requests = list[tuple[ReqContext, list[OffloadKey]]]
 
-#: (label, target ratio to the bypassed build or None)
+#: (label, target ratio to the null-dispatcher build or None)
 BUILDS: list[tuple[str, float | None]] = [
-    ("bypassed", None),
+    ("null dispatcher", None),
     ("(a) no hook plugins", 1.03),
     ("(b) no-op observer", 1.15),
     ("(c) seen-twice admission", None),
-    ("bypassed, A/A control", None),
+    ("null dispatcher, A/A control", None),
 ]
 
 
-class _StripHooks(ast.NodeTransformer):
-    """Drops hook-dispatch ``if`` statements and the ``_admit`` method."""
+class NullHooks:
+    """A dispatcher with no hooks: every hook ``None``, whatever the plugin manager holds."""
 
     def __init__(self) -> None:
-        self.removed_ifs: list[str] = []
-        self.removed_admit = False
-
-    def visit_If(self, node: ast.If) -> Any:
-        self.generic_visit(node)
-        if "self._hooks." in ast.unparse(node.test):
-            self.removed_ifs.append(ast.unparse(node.test))
-            return node.orelse or None  # None removes the statement
-        return node
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
-        if node.name == "_admit":
-            self.removed_admit = True
-            return None
-        self.generic_visit(node)
-        return node
+        for name in HOOK_NAMES:
+            setattr(self, name, None)
 
 
-def _fill_empty_bodies(tree: ast.AST) -> None:
-    """A removed ``if`` may leave a block empty (``try: <if> finally: ...``): put ``pass``."""
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and not body:
-            body.append(ast.Pass())
+class NoOpObserver:
+    """Implements every event hook, taking every argument, doing nothing."""
+
+    @hookimpl
+    def kv_offload_request_started(self, manager: Any, req_context: Any) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_request_finished(self, manager: Any, req_context: Any) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_blocks_stored(
+        self, manager: Any, keys: Any, medium: Any, req_context: Any
+    ) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_blocks_loaded(
+        self, manager: Any, keys: Any, medium: Any, req_context: Any
+    ) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_blocks_evicted(
+        self, manager: Any, keys: Any, medium: Any, req_context: Any
+    ) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_store_failed(
+        self, manager: Any, keys: Any, medium: Any, req_context: Any
+    ) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_tier_job_finished(
+        self,
+        manager: Any,
+        tier: Any,
+        direction: Any,
+        keys: Any,
+        success: Any,
+        nbytes: Any,
+        req_context: Any,
+    ) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_cache_reset(self, manager: Any) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_shutdown(self, manager: Any) -> None:
+        pass
 
 
-def bypassed_manager_class() -> tuple[type[CPUOffloadingManager], list[str]]:
-    """``CPUOffloadingManager`` compiled from ``kv_offload/manager.py`` without hook dispatch;
-    also returns the tests of the ``if`` statements removed."""
-    path = Path(kv_offload.manager.__file__)
-    tree = ast.parse(path.read_text(), filename=str(path))
-    stripper = _StripHooks()
-    tree = stripper.visit(tree)
-    _fill_empty_bodies(tree)
-    ast.fix_missing_locations(tree)
-    source = ast.unparse(tree)
-    if not stripper.removed_ifs or not stripper.removed_admit:
-        raise RuntimeError("found no hook dispatch to remove: has manager.py changed?")
-    leftover = [line.strip() for line in source.splitlines() if "self._hooks." in line]
-    if leftover or "_admit(" in source:
-        raise RuntimeError(f"hook dispatch left in the bypassed build: {leftover}")
-    module = types.ModuleType("kv_offload._manager_hooks_bypassed")
-    module.__package__ = "kv_offload"
-    module.__file__ = f"{path} (hooks bypassed)"
-    exec(compile(tree, module.__file__, "exec"), module.__dict__)
-    cls: type[CPUOffloadingManager] = module.CPUOffloadingManager
-    return cls, stripper.removed_ifs
+class SeenTwiceAdmission:
+    """Admit a block the second time ``prepare_store`` offers it (counts of at most 1,000,000
+    keys, oldest forgotten first)."""
+
+    def __init__(self, max_tracked: int = 1_000_000) -> None:
+        self.max_tracked = max_tracked
+        self.counts: OrderedDict[OffloadKey, int] = OrderedDict()
+
+    @hookimpl
+    def kv_offload_store_admission(self, keys: list[OffloadKey]) -> list[OffloadKey]:
+        counts = self.counts
+        admitted = []
+        for key in keys:
+            if counts.pop(key, 0) + 1 >= 2:
+                admitted.append(key)
+            else:
+                counts[key] = 1
+        while len(counts) > self.max_tracked:
+            counts.popitem(last=False)
+        return admitted
 
 
 def load(path: Path) -> Requests:
     return [(ReqContext(r.req_id), r.keys) for r in read_trace(path)]
 
 
-def make_builds(
-    capacity: int, bypassed_cls: type[CPUOffloadingManager]
-) -> dict[str, Callable[[], CPUOffloadingManager]]:
+def make_builds(capacity: int) -> dict[str, Callable[[], CPUOffloadingManager]]:
     """A factory per build: a fresh manager and a fresh plugin manager (nothing autoloaded)."""
 
     def pm(*plugins: object) -> KVOffloadPluginManager:
         return create_plugin_manager(autoload=False, plugins=plugins)
 
+    def null() -> CPUOffloadingManager:
+        manager = CPUOffloadingManager(capacity, "lru", plugin_manager=pm())
+        manager.hooks = NullHooks()  # type: ignore[assignment]  # the dispatcher, injected
+        return manager
+
     return {
-        "bypassed": lambda: bypassed_cls(capacity, "lru", plugin_manager=pm()),
+        "null dispatcher": null,
         "(a) no hook plugins": lambda: CPUOffloadingManager(capacity, "lru", plugin_manager=pm()),
         "(b) no-op observer": lambda: CPUOffloadingManager(
             capacity, "lru", plugin_manager=pm(NoOpObserver())
@@ -151,7 +181,7 @@ def make_builds(
         "(c) seen-twice admission": lambda: CPUOffloadingManager(
             capacity, "lru", plugin_manager=pm(SeenTwiceAdmission())
         ),
-        "bypassed, A/A control": lambda: bypassed_cls(capacity, "lru", plugin_manager=pm()),
+        "null dispatcher, A/A control": null,
     }
 
 
@@ -189,10 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
     requests = load(args.trace)[: args.limit]
-    bypassed_cls, removed = bypassed_manager_class()
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    times = measure(make_builds(args.capacity, bypassed_cls), requests, args.repeat, clock)
-    base_times = times["bypassed"][0]
+    times = measure(make_builds(args.capacity), requests, args.repeat, clock)
+    base_times = times["null dispatcher"][0]
     rows = []
     for label, target in BUILDS:
         runs, result = times[label]
@@ -205,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stored_blocks=result.stored_blocks,
                 seconds=seconds,
                 blocks_per_s=result.blocks / seconds,
-                ratio_vs_bypassed=ratio,
+                ratio_vs_null=ratio,
                 # The same round's runs side by side: robust to slow drifts of the machine.
                 median_paired_ratio=statistics.median(
                     t / base for t, base in zip(runs, base_times)
@@ -219,37 +248,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = dict(
             trace=args.trace.name,
             requests=len(requests),
-            blocks=times["bypassed"][1].blocks,
+            blocks=times["null dispatcher"][1].blocks,
             capacity=args.capacity,
             repeat=args.repeat,
             clock=args.clock,
-            removed_hook_dispatch=removed,
             rows=rows,
         )
         json.dump(doc, sys.stdout, indent=2)
         print()
         return 0
-    blocks = times["bypassed"][1].blocks
+    blocks = times["null dispatcher"][1].blocks
     print(
         f"trace: {args.trace.name}, {len(requests)} requests, {blocks} blocks; LRU, "
         f"{args.capacity} blocks; best of {args.repeat} interleaved runs, {args.clock} time"
     )
-    print(f"bypassed build: {len(removed)} hook-dispatch ifs and _admit removed from manager.py")
     print(
         f"{'build':<24} {'hit ratio':>9} {'stored':>7} {'best s':>7} {'blocks/s':>9} "
-        f"{'x bypassed':>10} {'median':>7} {'target':>7}"
+        f"{'x null':>10} {'median':>7} {'target':>7}"
     )
     for r in rows:
         goal = "" if r["target"] is None else f"<={r['target']:.2f}"
         verdict = "" if r["meets_target"] is None else (" ok" if r["meets_target"] else " MISS")
         print(
             f"{r['build']:<24} {r['hit_ratio']:>9.4f} {r['stored_blocks']:>7} "
-            f"{r['seconds']:>7.3f} {r['blocks_per_s']:>9,.0f} {r['ratio_vs_bypassed']:>10.3f} "
+            f"{r['seconds']:>7.3f} {r['blocks_per_s']:>9,.0f} {r['ratio_vs_null']:>10.3f} "
             f"{r['median_paired_ratio']:>7.3f} {goal:>7}{verdict}"
         )
     print(
-        "x bypassed: best time over the bypassed build's best (the target applies to it); "
-        "median: median over rounds of the ratio to that round's bypassed run"
+        "x null: best time over the null-dispatcher build's best (the target applies to it); "
+        "median: median over rounds of the ratio to that round's null-dispatcher run"
     )
     return 0
 

@@ -1,4 +1,4 @@
-"""Hook plugins used by the hook tests and by ``benchmarks/hooks_overhead.py``.
+"""Hook plugins used by the hook tests.
 
 * :class:`RecordingPlugin` implements every hookspec and logs each call with its arguments.
 * :class:`NoOpObserver` implements every *event* hook (all arguments, empty body): what a

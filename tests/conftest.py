@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from _dists import ModuleFactory, PluginEnv
+from kv_offload import KVOffloadPluginManager, create_plugin_manager
 
 
 @pytest.fixture
@@ -33,3 +34,9 @@ def plugin_env_factory(
         return PluginEnv(tmp_path_factory.mktemp(label) / "venv")
 
     return make
+
+
+@pytest.fixture
+def pm() -> KVOffloadPluginManager:
+    """A fresh plugin manager with nothing autoloaded."""
+    return create_plugin_manager(autoload=False)

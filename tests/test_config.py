@@ -203,18 +203,20 @@ BAD_TOML: list[tuple[str, str, int, tuple[str, ...]]] = [
         ("hooks.block", "'a'", "both enabled and blocked"),
     ),
     (
-        "duplicate-tier-type",
+        "duplicate-tier-name",
         """
         block_size_bytes = 64
 
         [[tiers]]
         type = "example"
+        name = "a"
 
         [[tiers]]
         type = "example"
+        name = "a"
         """,
-        7,
-        ("tiers[1].type", "'example'", "tiers[0]"),
+        9,
+        ("tiers[1].name", "'a'", "tiers[0]"),
     ),
     (
         "unknown-hook-plugin-enabled",

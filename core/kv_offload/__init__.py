@@ -4,10 +4,12 @@ eviction policies, storage tiers and lifecycle hooks."""
 from __future__ import annotations
 
 from .async_lookup import AsyncLookup, AsyncLookupStats
+from .base import OffloadingManager
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
 from .build import build_manager
 from .config import StackConfig, load_config
+from .cpu import CPUOffloadingManager
 from .errors import (
     ConfigError,
     DuplicateRegistrationError,
@@ -25,27 +27,44 @@ from .errors import (
     PluginTypeError,
     PluginValidationError,
 )
-from .events import OffloadingEvent
-from .hooks import KVOffloadPluginManager, create_plugin_manager, get_plugin_manager
-from .hookspecs import hookimpl, hookspec
 from .keys import OffloadKey, get_offload_block_hash, get_offload_group_idx, make_offload_key
-from .lookup import LookupResult
-from .manager import CPUOffloadingManager
-from .plugins import ExperimentalPluginWarning, PluginInfo
-from .policy import CachePolicy
-from .policy_factory import CachePolicyFactory
-from .request import ReqContext
-from .spec import CPULoadStoreSpec, LoadStoreSpec, PrepareStoreOutput
-from .stats import OffloadingStats
-from .tier import JobDirection, JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
-from .tier_factory import SecondaryTierFactory
-from .tiering import TieringOffloadingManager, TieringStats, TierStats
+from .plugins import (
+    ExperimentalPluginWarning,
+    KVOffloadPluginManager,
+    PluginInfo,
+    create_plugin_manager,
+    get_plugin_manager,
+)
+from .plugins import hookspecs as hookspecs
+from .plugins.hookspecs import hookimpl, hookspec
+from .policies import CachePolicy, CachePolicyFactory
+from .tiering import (
+    JobDirection,
+    JobMetadata,
+    JobResult,
+    OffloadingConfig,
+    SecondaryTierFactory,
+    SecondaryTierManager,
+    TieringOffloadingManager,
+    TieringStats,
+    TierStats,
+)
+from .types import (
+    CPULoadStoreSpec,
+    LoadStoreSpec,
+    LookupResult,
+    OffloadingEvent,
+    OffloadingStats,
+    PrepareStoreOutput,
+    ReqContext,
+)
 
 __all__ = [
     "AsyncLookup",
     "AsyncLookupStats",
     "build_manager",
     "load_config",
+    "OffloadingManager",
     "StackConfig",
     "BlockStatus",
     "CPUKVBuffer",

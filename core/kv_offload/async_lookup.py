@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 from .keys import OffloadKey
-from .request import ReqContext
+from .types import ReqContext
 
 __all__ = ["AsyncLookup", "AsyncLookupStats"]
 

@@ -3,8 +3,10 @@
 A :class:`BlockStatus` *is* its slot id (an ``int`` subclass), and its reference count lives in
 a per-manager table indexed by that id (8 bytes a slot). This keeps a resident block's status
 at one 48-byte object (an int and its GC header) instead of a record with a separate ``int``
-(about 90 bytes), which matters for a CPU tier of millions of blocks. ``ref_cnt`` keeps
-vLLM's meaning, so policies written against vLLM's ``BlockStatus`` port unchanged:
+(about 90 bytes), which matters for a CPU tier of millions of blocks (guarded by
+``benchmarks/memory.py``; the ``ref_cnt`` getter is the table's own C ``__getitem__``, guarded
+by ``benchmarks/replay.py``). ``ref_cnt`` keeps vLLM's meaning, so policies written against
+vLLM's ``BlockStatus`` port unchanged:
 
 * ``-1``: a store or promotion is in flight; not readable, never evictable;
 * ``0``: readable and evictable;
@@ -34,15 +36,15 @@ class _StandaloneRefCounts(dict[int, int]):
 
 
 class BlockStatus(int):
-    """Offloading status of one block; ``int(status)`` and ``status.block_id`` are its slot."""
+    """Offloading status of one block; ``int(status)`` and ``status.block_id`` are its slot.
+
+    Constructing one does not touch the ref-count table: whoever hands out a slot sets its
+    count (the manager's slot table marks new slots pending). Outside a manager a status
+    reads a standalone table in which every slot starts pending.
+    """
 
     __slots__ = ()
     _ref_counts: ClassVar[RefCountTable] = _StandaloneRefCounts()
-
-    def __new__(cls, block_id: int) -> BlockStatus:
-        status = super().__new__(cls, block_id)
-        status._ref_counts[block_id] = PENDING_REF_CNT
-        return status
 
     @property
     def block_id(self) -> int:

@@ -6,13 +6,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .base import OffloadingManager
 from .config import StackConfig, hook_settings_error, load_config, tier_error
+from .cpu import CPUOffloadingManager
 from .errors import ConfigError, PluginSettingsError
-from .hooks import KVOffloadPluginManager, create_plugin_manager
-from .manager import CPUOffloadingManager
-from .tier import OffloadingConfig, SecondaryTierManager
-from .tier_factory import SecondaryTierFactory
-from .tiering import TieringOffloadingManager
+from .plugins import KVOffloadPluginManager, create_plugin_manager
+from .tiering import (
+    OffloadingConfig,
+    SecondaryTierFactory,
+    SecondaryTierManager,
+    TieringOffloadingManager,
+)
+from .tiering.names import tier_names
 
 __all__ = ["build_manager"]
 
@@ -21,7 +26,7 @@ def build_manager(
     config: Mapping[str, Any] | str | Path | StackConfig,
     *,
     plugin_manager: KVOffloadPluginManager | None = None,
-) -> CPUOffloadingManager | TieringOffloadingManager:
+) -> OffloadingManager:
     """Validate ``config`` (a dict, a TOML path or a :class:`StackConfig`) and build the stack.
 
     Without tiers the result is a :class:`CPUOffloadingManager`; with tiers, a
@@ -52,16 +57,19 @@ def build_manager(
     if not stack.tiers:
         return primary
     buffer = primary.kv_buffer
-    assert buffer is not None
+    if buffer is None:  # pragma: no cover - the config always sets block_size_bytes
+        raise ConfigError("a stack with tiers needs block_size_bytes")
     offloading = OffloadingConfig(stack.num_blocks, buffer.block_size_bytes)
+    names = tier_names([(tier.type, tier.name) for tier in stack.tiers])
     tiers: list[SecondaryTierManager] = []
     try:
         for index, tier in enumerate(stack.tiers):
+            config = tier.as_factory_config()
+            if names[index] != tier.type:
+                config["name"] = names[index]
             try:
                 tiers.append(
-                    SecondaryTierFactory.create_secondary_tier(
-                        tier.as_factory_config(), buffer.view, offloading
-                    )
+                    SecondaryTierFactory.create_secondary_tier(config, buffer.view, offloading)
                 )
             except ConfigError as exc:  # e.g. an argument value the tier rejects
                 raise tier_error(stack, index, exc) from exc

@@ -21,18 +21,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .base import OffloadingManager
 from .bounds import belady, gap_share, infinite
 from .build import build_manager
 from .config import DEFAULT_CONFIG, StackConfig, load_config, parse_config, resolve_config
 from .errors import KVOffloadError
-from .hooks import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP
-from .plugins import PluginInfo
-from .policy_factory import CachePolicyFactory
+from .plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
+from .policies import CachePolicyFactory
 from .replay import ReplayResult, replay
-from .request import ReqContext
-from .tier_factory import SecondaryTierFactory
-from .tiering import TieringOffloadingManager
+from .tiering import SecondaryTierFactory
 from .trace import MOONCAKE_BLOCK_TOKENS, read_trace
+from .types import ReqContext
 
 __all__ = ["main"]
 
@@ -212,10 +211,9 @@ def _progress(total: int, enabled: bool | None, label: str) -> Any:
     )
 
 
-def _report(stack: StackConfig, manager: Any, result: ReplayResult) -> dict[str, Any]:
-    stats = manager.get_stats()
-    cpu = stats.cpu if isinstance(manager, TieringOffloadingManager) else stats
-    tiers = stats.tiers if isinstance(manager, TieringOffloadingManager) else []
+def _report(stack: StackConfig, manager: OffloadingManager, result: ReplayResult) -> dict[str, Any]:
+    cpu = manager.cpu_stats()
+    tiers = manager.tier_stats()
     direct_hits = result.hit_blocks - result.promoted_hit_blocks
     return {
         "config": stack.source,

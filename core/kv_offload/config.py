@@ -23,6 +23,9 @@ key                    type          default    meaning
                                                 by the plugin's ``parse_settings`` (see
                                                 ``kv_offload.hooks``)
 ``[[tiers]] type``     str           required   secondary tier plugin name, in cascade order
+``[[tiers]] name``     str           the type   what stats, events and hooks call the tier;
+                                                unique; unnamed repeats of a type are
+                                                ``<position>:<type>`` (``1:fs``, ``2:fs``)
 ``[[tiers]] module_``  str           unset      module defining the class named ``type``
 ``path``
 ``[[tiers]] <other>``  any                      the tier's own constructor arguments
@@ -50,9 +53,10 @@ from .errors import (
     PluginNotFoundError,
     PluginSettingsError,
 )
-from .hooks import HOOK_ENTRY_POINT_GROUP, parse_plugin_settings
-from .plugins import PluginInfo, dist_label
+from .plugins import PluginInfo, dist_label, parse_plugin_settings
+from .plugins.loading import HOOK_ENTRY_POINT_GROUP
 from .redact import redact_secrets
+from .tiering.names import TierNameError, tier_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -88,11 +92,14 @@ class TierConfig:
     type: str
     module_path: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
 
     def as_factory_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"type": self.type, **self.arguments}
         if self.module_path is not None:
             config["module_path"] = self.module_path
+        if self.name is not None:
+            config["name"] = self.name
         return config
 
 
@@ -330,16 +337,15 @@ def parse_config(
         tier_type = v.string(tier, "type", prefix)
         if tier_type is None:
             raise v.fail(prefix, "needs a 'type' naming a tier plugin (e.g. type = \"example\")")
-        earlier = next((i for i, t in enumerate(tiers) if t.type == tier_type), None)
-        if earlier is not None:
-            raise v.fail(
-                (*prefix, "type"),
-                f"tier {tier_type!r} is already tiers[{earlier}]; tiers are named by their "
-                "type, so each type can appear once",
-            )
         module_path = v.string(tier, "module_path", prefix)
-        arguments = {k: val for k, val in tier.items() if k not in ("type", "module_path")}
-        tiers.append(TierConfig(tier_type, module_path, arguments))
+        name = v.string(tier, "name", prefix)
+        arguments = {k: val for k, val in tier.items() if k not in ("type", "module_path", "name")}
+        tiers.append(TierConfig(tier_type, module_path, arguments, name))
+    try:
+        tier_names([(t.type, t.name) for t in tiers])
+    except TierNameError as exc:
+        key = "name" if tiers[exc.index].name is not None else "type"
+        raise v.fail(("tiers", exc.index, key), str(exc)) from exc
     if tiers and block_size is None:
         raise v.fail(
             ("block_size_bytes",),

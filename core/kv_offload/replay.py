@@ -25,9 +25,7 @@ import numpy.typing as npt
 from .buffer import CPUKVBuffer
 from .errors import ConfigError
 from .keys import OffloadKey
-from .lookup import LookupResult
-from .request import ReqContext
-from .spec import CPULoadStoreSpec, PrepareStoreOutput
+from .types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
 
 __all__ = ["ReplayResult", "replay", "block_bytes"]
 
@@ -36,7 +34,7 @@ MAX_PENDING_STEPS = 64
 
 
 class Manager(Protocol):
-    """What a replay needs: the manager API of ARCHITECTURE.md's request flow."""
+    """What a replay needs: the request flow of docs/architecture.md."""
 
     @property
     def kv_buffer(self) -> CPUKVBuffer | None: ...

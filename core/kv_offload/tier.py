@@ -1,24 +1,18 @@
-"""The secondary-tier plugin interface (disk, Redis, anything slower than CPU RAM).
+"""The secondary-tier plugin interface, at the import path tier plugins have always used.
 
-Secondary tiers never see GPU memory: a store cascades GPU -> CPU -> tier, a promotion goes
-tier -> CPU -> GPU. Every method runs in the scheduler and must not block: ``submit_*`` start
-a job, :meth:`SecondaryTierManager.get_finished` reports it. The contract that keeps the CPU
-tier's accounting sound: **every submitted job reports exactly one** :class:`JobResult`,
-success or failure. A job without a result would keep its CPU blocks pinned forever.
+The definitions live in :mod:`kv_offload.tiering.base`; every name is also exported by
+``kv_offload`` itself.
 """
 
 from __future__ import annotations
 
-import enum
-from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable
-from dataclasses import dataclass
-
-import numpy as np
-import numpy.typing as npt
-
-from .keys import OffloadKey
-from .request import ReqContext
+from .tiering.base import (
+    JobDirection,
+    JobMetadata,
+    JobResult,
+    OffloadingConfig,
+    SecondaryTierManager,
+)
 
 __all__ = [
     "JobDirection",
@@ -27,106 +21,3 @@ __all__ = [
     "OffloadingConfig",
     "SecondaryTierManager",
 ]
-
-JobId = int
-
-
-class JobDirection(enum.Enum):
-    """``STORE``: CPU -> tier (cascade). ``LOAD``: tier -> CPU (promotion)."""
-
-    STORE = "store"
-    LOAD = "load"
-
-
-@dataclass(frozen=True)
-class OffloadingConfig:
-    """What every tier is told about the CPU tier it sits behind."""
-
-    num_blocks: int
-    block_size_bytes: int
-
-
-@dataclass
-class JobMetadata:
-    """One transfer between the CPU tier and a secondary tier.
-
-    ``block_ids[i]`` is the CPU slot of ``keys[i]``: the row to read for a store, the row to
-    fill for a load. The slots stay pinned (store) or reserved (load) until the job's result
-    is reported.
-    """
-
-    job_id: JobId
-    keys: list[OffloadKey]
-    block_ids: npt.NDArray[np.int64]
-    direction: JobDirection
-    req_context: ReqContext
-
-    @property
-    def is_promotion(self) -> bool:
-        return self.direction is JobDirection.LOAD
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """The outcome of one job; ``success=False`` releases its pins and reservations.
-    ``reason`` says why a job failed (for logs and the ``kv_offload_tier_job_finished`` hook),
-    e.g. ``"checksum mismatch"`` or ``"ENOSPC: No space left on device"``."""
-
-    job_id: JobId
-    success: bool
-    reason: str | None = None
-
-
-class SecondaryTierManager(ABC):
-    """Base class of tier plugins (entry-point group ``kv_offload.tiers``).
-
-    The factory constructs a tier as ``cls(config, primary_kv_view, tier_type, **arguments)``
-    where ``arguments`` are the tier's own config keys. ``primary_kv_view`` is a writable
-    memoryview of the CPU KV buffer, shape ``(num_blocks, block_size_bytes)``; wrap it with
-    ``numpy.asarray`` to copy rows.
-    """
-
-    def __init__(
-        self, config: OffloadingConfig, primary_kv_view: memoryview, tier_type: str
-    ) -> None:
-        self.config = config
-        self.primary_kv_view = primary_kv_view
-        self.tier_type = tier_type
-
-    @property
-    def name(self) -> str:
-        """How events, hooks and stats name this tier."""
-        return self.tier_type
-
-    @abstractmethod
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        """``True`` if the block is here and readable, ``False`` if absent, ``None`` when the
-        tier cannot tell yet (a store or an existence check in flight): ask again later. The
-        tiered manager answers ``PENDING`` for ``None`` when no tier holds the key."""
-
-    @abstractmethod
-    def submit_store(self, job: JobMetadata) -> None:
-        """Start copying ``job.block_ids`` rows of the CPU buffer into this tier."""
-
-    @abstractmethod
-    def submit_load(self, job: JobMetadata) -> None:
-        """Start copying the blocks of ``job.keys`` into rows ``job.block_ids`` of the CPU
-        buffer. A key that is missing fails the job (report ``success=False``)."""
-
-    @abstractmethod
-    def get_finished(self) -> Iterable[JobResult]:
-        """Results of the jobs that finished since the last call, each reported once."""
-
-    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:  # noqa: B027
-        """The blocks were used by a request (recency for the tier's own eviction)."""
-
-    def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
-        """A request finished; no more jobs will be submitted for it."""
-
-    def on_schedule_end(self) -> None:  # noqa: B027
-        """The scheduler step ended; called before the step's queued jobs are submitted.
-        A tier that batches work per step (existence checks, see
-        :class:`kv_offload.AsyncLookup`) flushes it here."""
-
-    def shutdown(self) -> None:  # noqa: B027
-        """Release threads, files and connections."""

@@ -1,7 +1,7 @@
 """Logs every eviction: a kv-offload hook plugin in one module.
 
 The module itself is the plugin: kv-offload registers it with pluggy, which calls each
-function marked ``@hookimpl`` whose name is a hook in ``kv_offload.hookspecs``. A hookimpl
+function marked ``@hookimpl`` whose name is a hook in ``kv_offload.plugins.hookspecs``. A hookimpl
 takes any subset of the hook's arguments.
 """
 

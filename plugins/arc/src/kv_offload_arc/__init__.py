@@ -20,7 +20,7 @@ Adapting ARC to the manager's contract changes when things happen, not what happ
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from itertools import compress, filterfalse, groupby, islice, repeat, starmap
 from math import ceil
 from operator import add, attrgetter, itemgetter, not_, or_
@@ -147,7 +147,7 @@ class ARCCachePolicy(CachePolicy):
 
     Layout, chosen for the manager's hot paths and for bytes per block:
 
-    * ``_resident`` is one plain dict over T1 and T2 and ``get`` is its bound C ``get``: the
+    * ``_resident`` is one plain dict over T1 and T2 and ``fast_get`` its bound C ``get``: the
       manager calls ``get`` for every key of every request, and one probe of a dict holding
       resident blocks only is the cheapest answer, and can never return a ghost;
     * T1's order is a :class:`_KeyQueue`: most stored blocks are first sightings that enter T1
@@ -171,10 +171,12 @@ class ARCCachePolicy(CachePolicy):
         self._b2: set[OffloadKey] = set()
         self._b2_order = _KeyQueue()
         self._p = 0.0
-        self.get = self._resident.get  # type: ignore[method-assign,assignment]
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:  # replaced per instance in __init__
+    def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._resident.get(key)
+
+    def fast_get(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._resident.get  # never rebound: cleared and mutated in place
 
     # -- introspection (snapshots, least recently used first) ------------------------------
 

@@ -14,7 +14,7 @@ work, never create stale entries and run as whole-batch C calls.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import repeat, starmap
 from operator import attrgetter
 
@@ -37,7 +37,7 @@ _Victims = list[tuple[OffloadKey, BlockStatus]]
 class LRUCachePolicy(CachePolicy):
     """Evicts the least recently stored or touched idle block.
 
-    * ``_blocks``: key -> status of every resident block; ``get`` is its bound C ``get``, so
+    * ``_blocks``: key -> status of every resident block; ``fast_get`` is its bound C ``get``, so
       the manager's per-key lookups never enter a Python frame.
     * ``_order``: keys, oldest first, one entry per insert or touch.
     * ``_stale[key]``: how many of the key's entries are stale (absent means none); every
@@ -47,12 +47,14 @@ class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self._blocks: dict[OffloadKey, BlockStatus] = {}
-        self.get = self._blocks.get  # type: ignore[method-assign,assignment]
         self._order: deque[OffloadKey] = deque()
         self._stale: dict[OffloadKey, int] = {}
 
-    def get(self, key: OffloadKey) -> BlockStatus | None:  # replaced per instance in __init__
+    def get(self, key: OffloadKey) -> BlockStatus | None:
         return self._blocks.get(key)
+
+    def fast_get(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._blocks.get  # never rebound: cleared and mutated in place
 
     def __len__(self) -> int:
         return len(self._blocks)

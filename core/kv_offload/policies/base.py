@@ -8,12 +8,12 @@ of victims; the manager owns slots, reference counts and events. The interface i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from .block_status import BlockStatus
-from .errors import ConfigError
-from .keys import OffloadKey
-from .request import ReqContext
+from ..block_status import BlockStatus
+from ..errors import ConfigError
+from ..keys import OffloadKey
+from ..types import ReqContext
 
 __all__ = ["CachePolicy"]
 
@@ -33,9 +33,9 @@ class CachePolicy(ABC):
       called when a policy leaves the base class's no-op, so policies that ignore them pay
       nothing.
 
-    A subclass may replace ``get`` with a bound C method (``self.get = self._blocks.get``):
-    the manager looks ``get`` up once and calls it for every key, so this removes a Python
-    frame from the hottest path.
+    * the manager calls :meth:`fast_get` once, when it starts, and the function it returns for
+      every key of every call: it must answer exactly as ``get`` does, for the policy's
+      lifetime.
     """
 
     def __init__(self, cache_capacity: int) -> None:
@@ -53,6 +53,17 @@ class CachePolicy(ABC):
     @abstractmethod
     def get(self, key: OffloadKey) -> BlockStatus | None:
         """The status of a resident block, or ``None``."""
+
+    def fast_get(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        """The function the manager binds once and calls for every key: ``self.get`` unless
+        overridden.
+
+        Lookups are the hottest call of the manager. A policy whose resident blocks are one
+        dict returns that dict's bound ``get`` (``return self._blocks.get``), a C method
+        that enters no Python frame; the dict must then be cleared and mutated, never
+        replaced, or the manager would keep reading the old one.
+        """
+        return self.get
 
     @abstractmethod
     def insert(self, key: OffloadKey, block: BlockStatus) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from _dists import DESCRIBE_EXCEPTION, DistSpec, PluginEnv, can_build_with_setuptools
-from kv_offload.policy_factory import POLICY_ENTRY_POINT_GROUP as GROUP
+from kv_offload.policies import POLICY_ENTRY_POINT_GROUP as GROUP
 
 FIFO_SOURCE = '''
 """First-in first-out eviction: touch() never reorders."""
@@ -418,7 +418,7 @@ print(json.dumps({
     assert "entry point kv_offload_notsub_test:NotAPolicy of kv-offload-notsub-test 0.3.0" in (
         message
     )
-    assert "not a subclass of kv_offload.policy.CachePolicy" in message
+    assert "not a subclass of kv_offload.CachePolicy" in message
 
     typo = result["typo"]
     assert typo["type"] == "PluginImportError"

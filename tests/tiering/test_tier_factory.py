@@ -28,7 +28,7 @@ from kv_offload import (
     SecondaryTierManager,
     make_offload_key,
 )
-from kv_offload.tier_factory import TIER_ENTRY_POINT_GROUP
+from kv_offload.tiering import TIER_ENTRY_POINT_GROUP
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 CONFIG = OffloadingConfig(num_blocks=8, block_size_bytes=64)

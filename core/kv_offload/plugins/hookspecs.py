@@ -22,8 +22,8 @@ from typing import Any
 
 import pluggy
 
-from .keys import OffloadKey
-from .request import ReqContext
+from ..keys import OffloadKey
+from ..types import ReqContext
 
 __all__ = ["PROJECT_NAME", "hookimpl", "hookspec"]
 

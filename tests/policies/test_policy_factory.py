@@ -31,7 +31,7 @@ from kv_offload import (
     make_offload_key,
 )
 from kv_offload.plugins import KNOWN_DISTRIBUTIONS
-from kv_offload.policy_factory import POLICY_ENTRY_POINT_GROUP
+from kv_offload.policies import POLICY_ENTRY_POINT_GROUP
 
 #: (policy name, distribution, top-level module) of the policies the project publishes.
 INSTALLED = [
@@ -524,7 +524,7 @@ def test_registered_non_subclass_raises_type_error(
     message = str(err)
     assert "policy 'impostor'" in message
     assert f"registered as {policies_module}:{attr}" in message
-    assert "not a subclass of kv_offload.policy.CachePolicy" in message
+    assert "not a subclass of kv_offload.CachePolicy" in message
 
 
 def test_module_path_non_subclass_raises_type_error_without_warning(
@@ -533,7 +533,7 @@ def test_module_path_non_subclass_raises_type_error_without_warning(
     module = make_module(POLICIES_SOURCE + "\nImpostor = NotAPolicy\n")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(PluginTypeError, match=r"not a subclass of kv_offload\.policy\."):
+        with pytest.raises(PluginTypeError, match=r"not a subclass of kv_offload\.CachePolicy"):
             CachePolicyFactory.get_cache_policy_cls("Impostor", module)
     assert not [w for w in caught if issubclass(w.category, ExperimentalPluginWarning)]
 
@@ -568,7 +568,7 @@ print(json.dumps(results))
     for label in ("registered", "module_path"):
         assert results[label]["type"] == "PluginTypeError", results[label]
         assert "TypeError" in results[label]["mro"]
-        assert "not a subclass of kv_offload.policy.CachePolicy" in results[label]["message"]
+        assert "not a subclass of kv_offload.CachePolicy" in results[label]["message"]
 
 
 # -- listing --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """TieringOffloadingManager end to end, with real bytes in the CPU buffer and in the tiers.
 
-The scheduler flow of ARCHITECTURE.md: lookups in prefix order, ``prepare_load`` of the HITs
+The scheduler flow of docs/architecture.md: lookups in prefix order, ``prepare_load`` of the HITs
 (the worker then reads the CPU rows), ``prepare_store`` of the rest (the worker writes them),
 ``complete_store`` (which cascades to every secondary tier) and ``on_schedule_end()`` at the
 end of each step (which submits promotions and collects finished tier jobs).

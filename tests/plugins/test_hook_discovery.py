@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from _dists import DESCRIBE_EXCEPTION, DistSpec, PluginEnv
-from kv_offload.hooks import (
+from kv_offload.plugins import (
     ALLOW_ENV,
     AUTOLOAD_DISABLE_ENV,
     BLOCK_ENV,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Generic, TypeVar
 
-from .errors import (
+from ..errors import (
     DuplicateRegistrationError,
     PluginConflictError,
     PluginImportError,
@@ -170,7 +170,7 @@ class PluginRegistry(Generic[T]):
         if not (isinstance(obj, type) and issubclass(obj, self.base)):
             raise PluginTypeError(
                 f"{self.kind} {name!r} ({origin}) resolved to {obj!r}, which is not a subclass "
-                f"of {self.base.__module__}.{self.base.__qualname__}; plugins must subclass it",
+                f"of kv_offload.{self.base.__qualname__}; plugins must subclass it",
                 kind=self.kind,
                 plugin=name,
             )

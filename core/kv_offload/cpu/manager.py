@@ -1,0 +1,260 @@
+"""The CPU block manager: the request flow over the slot table and the eviction policy.
+
+It runs in the scheduler and never touches KV bytes: it decides which CPU slot holds which
+block, and when a slot may be read, written or reused. Slots and ref counts live in
+:class:`~kv_offload.cpu.slots.SlotTable`; which key holds which slot, and who is evicted, in
+the policy plugin (:class:`~kv_offload.CachePolicyFactory` resolves it by name).
+
+Every public method checks its whole input, then changes state: a call that raises a
+:class:`~kv_offload.ManagerError` leaves the manager as it was (no lost blocks, no leaked pins
+or slots). The checks are yes-or-no on the fast path; :mod:`~kv_offload.cpu.validation`
+builds the error on the slow path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ..block_status import BlockStatus
+from ..errors import ManagerError
+from ..keys import OffloadKey
+from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
+from . import validation as check
+from .state import MEDIUM_CPU, CPUManagerState
+
+__all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
+
+_HIT = LookupResult.HIT
+_MISS = LookupResult.MISS
+_PENDING = LookupResult.PENDING
+
+
+def _empty_store() -> PrepareStoreOutput:
+    return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
+
+
+class CPUOffloadingManager(CPUManagerState):
+    """Tracks which block lives in which CPU slot, with a pluggable eviction policy.
+
+    ``cache_policy`` names an installed policy plugin (``"lru"`` by default, ``"arc"``, or any
+    third-party name); ``cache_policy_module_path`` is the out-of-tree fallback. With
+    ``enable_events`` the manager records :class:`~kv_offload.OffloadingEvent` batches in
+    :attr:`event_log` for :meth:`take_events`. Construction, introspection and whole-cache
+    operations are in :class:`~kv_offload.cpu.state.CPUManagerState`.
+    """
+
+    # -- request lifecycle ----------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> None:
+        check.check_context(req_context, "on_new_request")
+        if (hook := self.hooks.request_started) is not None:
+            hook(manager=self, req_context=req_context)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        check.check_context(req_context, "on_request_finished")
+        if self._on_request_finished is not None:
+            self._on_request_finished(req_context)
+        if (hook := self.hooks.request_finished) is not None:
+            hook(manager=self, req_context=req_context)
+
+    def on_schedule_end(self) -> None:
+        """End of a scheduler step; nothing is deferred in the CPU-only manager."""
+
+    # -- lookups and loads ----------------------------------------------------------------
+
+    def _blocks_of(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str
+    ) -> tuple[list[OffloadKey], list[BlockStatus | None]]:
+        """The keys as a list, with each key's block (``None`` if absent); raises for a bad
+        context or an unhashable key before anything changes."""
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, operation)
+        key_list = keys if type(keys) is list else check.as_list(keys, operation)
+        try:
+            return key_list, list(map(self._get, key_list))
+        except TypeError:
+            raise check.bad_batch(key_list, operation) from None
+
+    def _unique_blocks_of(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str
+    ) -> tuple[list[OffloadKey], set[OffloadKey], list[BlockStatus | None]]:
+        """:meth:`_blocks_of` plus the keys as a set, raising for a repeated key."""
+        key_list, blocks = self._blocks_of(keys, req_context, operation)
+        key_set = set(key_list)  # hashable: every key was looked up
+        if len(key_set) != len(key_list):
+            raise check.bad_batch(key_list, operation)
+        return key_list, key_set, blocks
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """``HIT`` if ``key`` is loadable now, ``PENDING`` if its store is in flight."""
+        try:
+            req_id = req_context.req_id
+            block = self._get(key)
+        except (AttributeError, TypeError):
+            check.check_context(req_context, "lookup")
+            raise check.bad_batch([key], "lookup") from None
+        if req_id is None:
+            check.check_context(req_context, "lookup")
+        counters = self.counters
+        if block is None:
+            counters.misses += 1
+            return _MISS
+        if self._refs[block] < 0:
+            counters.pending_lookups += 1
+            return _PENDING
+        counters.hits += 1
+        return _HIT
+
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> CPULoadStoreSpec:
+        """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
+        return CPULoadStoreSpec(self.pin(keys, req_context, "prepare_load"))
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Unpin blocks pinned by :meth:`prepare_load`."""
+        key_list = check.as_list(keys, "complete_load")
+        self.counters.loaded += self.unpin(key_list, req_context, "complete_load")
+        if (hook := self.hooks.blocks_loaded) is not None:
+            hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
+
+    def pin(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "pin"
+    ) -> list[BlockStatus]:
+        """Protect readable blocks from eviction (one more reader each); returns their slots.
+
+        ``prepare_load`` is this plus a spec; a tiered manager pins blocks it cascades.
+        """
+        key_list, _, blocks = self._unique_blocks_of(keys, req_context, operation)
+        pinned = self._slots.pin(blocks)
+        if pinned is None:
+            raise check.key_state_error(
+                operation,
+                key_list,
+                self._slots.counts(blocks),
+                check.not_readable,
+                "load only keys that lookup() answered HIT",
+            )
+        if self._mark_non_evictable is not None:
+            refs = self._refs
+            for key, block in zip(key_list, pinned):
+                if refs[block] == 1:
+                    self._mark_non_evictable(key)
+        return pinned
+
+    def unpin(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "unpin"
+    ) -> int:
+        """Release one reader of each block; returns how many keys were unpinned."""
+        key_list, _, blocks = self._unique_blocks_of(keys, req_context, operation)
+        unpinned = self._slots.unpin(blocks)
+        if unpinned is None:
+            pinner = "prepare_load" if operation == "complete_load" else "pin"
+            raise check.key_state_error(
+                operation,
+                key_list,
+                self._slots.counts(blocks),
+                check.not_pinned,
+                f"call {operation} only for keys pinned by {pinner}",
+            )
+        if self._mark_evictable is not None:
+            refs = self._refs
+            for key, block in zip(key_list, unpinned):
+                if not refs[block]:
+                    self._mark_evictable(key)
+        return len(key_list)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Mark blocks as recently used; keys not in the CPU tier are ignored."""
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, "touch")
+        key_list = keys if type(keys) is list else check.as_list(keys, "touch")
+        try:
+            unique = len(set(key_list)) == len(key_list)
+        except TypeError:
+            unique = False
+        if not unique:
+            raise check.bad_batch(key_list, "touch")
+        self._policy.touch(key_list, req_context)
+
+    # -- stores ---------------------------------------------------------------------------
+
+    def prepare_store(
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext,
+        *,
+        protected: Collection[OffloadKey] = (),
+    ) -> PrepareStoreOutput | None:
+        """Allocate slots for the keys not yet stored, evicting if needed.
+
+        Eviction is all or nothing and never takes a pending or pinned block, nor any of
+        ``keys`` or ``protected`` (blocks a caller is about to load). Returns ``None``, with no
+        state change, when not enough blocks can be evicted.
+        """
+        if self._closed:
+            raise ManagerError("prepare_store: the manager was shut down; create a new one")
+        key_list, key_set, blocks = self._unique_blocks_of(keys, req_context, "prepare_store")
+        if protected:
+            key_set = key_set.union(protected)
+        to_store = [key for key, block in zip(key_list, blocks) if block is None]
+        count = len(to_store)
+        if not count:
+            return _empty_store()
+        if (hook := self.hooks.store_admission) is not None:
+            answer = hook(manager=self, keys=list(to_store), req_context=req_context)
+            to_store = check.admitted(answer, to_store)
+            count = len(to_store)
+            if not count:
+                return _empty_store()
+        slots = self._slots
+        shortfall = count - slots.num_free
+        evicted: list[OffloadKey] = []
+        if shortfall > 0:
+            victims = None
+            if shortfall <= slots.num_evictable:
+                victims = self._policy.evict(shortfall, key_set)
+            if victims is None:
+                self.counters.rejected_stores += 1
+                return None
+            keys_out, blocks_out = check.victims(
+                victims, shortfall, key_set, slots, self.cache_policy_name
+            )
+            slots.release_idle(blocks_out)
+            self.counters.evictions += shortfall
+            evicted = list(keys_out)
+            if self.event_log is not None:
+                self.event_log.record(evicted, MEDIUM_CPU, True)
+        new_blocks = slots.allocate(count)
+        self._policy.insert_many(to_store, new_blocks)
+        output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
+        if evicted and (hook := self.hooks.blocks_evicted) is not None:
+            self._errors.fire(
+                hook, manager=self, keys=list(evicted), medium=MEDIUM_CPU, req_context=req_context
+            )
+            self._errors.raise_pending(output)  # the slots are allocated: use them
+        return output
+
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
+        """Make stored blocks loadable, or free their slots when ``success`` is false."""
+        key_list, blocks = self._blocks_of(keys, req_context, "complete_store")
+        if not self._slots.finish_store(blocks, success):
+            raise check.storable_error(key_list, self._slots.counts(blocks))
+        if success:
+            self.counters.stored += len(key_list)
+            if self._mark_evictable is not None:
+                for key in key_list:
+                    self._mark_evictable(key)
+            if self.event_log is not None and key_list:
+                self.event_log.record(list(key_list), MEDIUM_CPU, False)
+            hook = self.hooks.blocks_stored
+        else:
+            remove = self._policy.remove
+            for key in key_list:
+                remove(key)
+            self.counters.failed_stores += len(key_list)
+            hook = self.hooks.store_failed
+        if hook is not None:
+            hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)

@@ -1,0 +1,150 @@
+"""The CPU tier's slot table: reference counts, the free list and allocation.
+
+Fast-path module. Every manager call runs through these loops, once per key, so they are
+written for CPython's speed (plain ``for`` loops over short batches, which beat C-level
+``map`` setups for the handful of blocks a load pins; whole-slice writes for fresh slots;
+``BlockStatus`` objects that *are* their slot id, see :mod:`kv_offload.block_status`).
+Guarded by: the reference model of ``tests/cpu/test_manager_stateful.py`` (a plain dict
+model of pending, ready and pinned keys that every random flow is checked against) for
+correctness, and ``benchmarks/replay.py`` (throughput) and ``benchmarks/memory.py`` (bytes
+per resident block) for speed and size.
+
+A slot's ref count: ``-1`` pending (a store is in flight), ``0`` idle (readable, evictable),
+``n > 0`` pinned by ``n`` readers. The table only counts; which key a slot holds is the
+policy's business, and which calls are legal the manager's.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from ..block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
+
+__all__ = ["SlotTable"]
+
+Blocks = list[BlockStatus | None]
+
+
+class SlotTable:
+    """``num_blocks`` slots: never-used ones are handed out first, then freed ones."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        #: ref count per slot id; the list object never changes (statuses read it).
+        self.refs: list[int] = [PENDING_REF_CNT] * num_blocks
+        self._status_cls: type[BlockStatus] = bind_block_status(self.refs)
+        self.free: list[BlockStatus] = []
+        self.num_allocated = 0
+        self.num_evictable = 0
+        self.num_pending = 0
+        self.num_pinned = 0
+
+    @property
+    def num_free(self) -> int:
+        return self.num_blocks - self.num_allocated + len(self.free)
+
+    @property
+    def num_resident(self) -> int:
+        return self.num_allocated - len(self.free)
+
+    # -- questions ----------------------------------------------------------------------------
+
+    def counts(self, blocks: Blocks) -> list[int | None]:
+        """Each block's ref count, ``None`` for an absent block (for error messages)."""
+        refs = self.refs
+        return [None if block is None else refs[block] for block in blocks]
+
+    def all_idle(self, blocks: tuple[BlockStatus, ...]) -> bool:
+        """Every block readable and not pinned (raises for a non-slot, on purpose)."""
+        return not any(map(self.refs.__getitem__, blocks))
+
+    # -- checked changes: each checks the whole batch first, then changes it or nothing -----
+
+    def pin(self, blocks: Blocks) -> list[BlockStatus] | None:
+        """One more reader per block, if every block is readable (else ``None``)."""
+        refs = self.refs
+        for block in blocks:
+            if block is None or refs[block] < 0:
+                return None
+        ready = cast("list[BlockStatus]", blocks)
+        newly_pinned = 0
+        for block in ready:
+            count = refs[block]
+            if not count:
+                newly_pinned += 1
+            refs[block] = count + 1
+        self.num_evictable -= newly_pinned
+        self.num_pinned += newly_pinned
+        return ready
+
+    def unpin(self, blocks: Blocks) -> list[BlockStatus] | None:
+        """One reader less per block, if every block is pinned (else ``None``)."""
+        refs = self.refs
+        for block in blocks:
+            if block is None or refs[block] <= 0:
+                return None
+        pinned = cast("list[BlockStatus]", blocks)
+        released = 0
+        for block in pinned:
+            count = refs[block] - 1
+            if not count:
+                released += 1
+            refs[block] = count
+        self.num_evictable += released
+        self.num_pinned -= released
+        return pinned
+
+    def finish_store(self, blocks: Blocks, success: bool) -> bool:
+        """If every block is pending and listed once, make them idle (``success``) or free;
+        else ``False`` and no change."""
+        refs = self.refs
+        for block in blocks:
+            if block is None or refs[block] != PENDING_REF_CNT:
+                return False
+        if len(set(blocks)) != len(blocks):
+            return False
+        pending = cast("list[BlockStatus]", blocks)
+        self.num_pending -= len(pending)
+        if success:
+            for block in pending:
+                refs[block] = 0
+            self.num_evictable += len(pending)
+        else:
+            self.free.extend(pending)
+        return True
+
+    # -- unchecked changes (the caller checked) ---------------------------------------------
+
+    def release_idle(self, blocks: tuple[BlockStatus, ...]) -> None:
+        """Idle blocks go back to the free list (they were evicted)."""
+        self.free.extend(blocks)
+        self.num_evictable -= len(blocks)
+
+    def allocate(self, count: int) -> list[BlockStatus]:
+        """``count`` slots, marked pending: never-used slots first, then freed ones."""
+        free = self.free
+        refs = self.refs
+        fresh = min(self.num_blocks - self.num_allocated, count)
+        reused: list[BlockStatus] = []
+        if fresh < count:
+            cut = len(free) - (count - fresh)
+            reused = free[cut:]
+            del free[cut:]
+            for block in reused:
+                refs[block] = PENDING_REF_CNT
+        self.num_pending += count
+        if not fresh:  # the steady state of a full cache
+            return reused
+        start = self.num_allocated
+        self.num_allocated += fresh
+        refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
+        status = self._status_cls
+        return [status(slot) for slot in range(start, start + fresh)] + reused
+
+    def clear(self) -> None:
+        """Every slot unused again."""
+        self.num_allocated = 0
+        self.free.clear()
+        self.num_evictable = 0
+        self.num_pending = 0
+        self.num_pinned = 0

@@ -1,0 +1,232 @@
+"""A CPU manager's state and what is not the request flow: construction (the checked size,
+the policy, the plugin wiring), the counters behind its stats, introspection, events, reset
+and shutdown."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..base import OffloadingManager
+from ..buffer import CPUKVBuffer
+from ..errors import ConfigError, KVOffloadError, PluginError
+from ..events import EventLog
+from ..keys import OffloadKey
+from ..plugins import (
+    HookCallers,
+    HookErrorLog,
+    KVOffloadPluginManager,
+    get_plugin_manager,
+    register_if_hookimpl,
+)
+from ..policies import CachePolicy, CachePolicyFactory
+from ..types import OffloadingEvent, OffloadingStats
+from .slots import SlotTable
+
+if TYPE_CHECKING:
+    from ..tiering.stats import TierStats
+
+__all__ = ["CPUManagerState", "Counters", "MEDIUM_CPU"]
+
+MEDIUM_CPU = "CPU"
+
+
+def check_num_blocks(num_blocks: Any, kv_buffer: CPUKVBuffer | None) -> None:
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
+        raise ConfigError(
+            f"num_blocks must be an int, got {type(num_blocks).__name__} {num_blocks!r}"
+        )
+    if num_blocks <= 0:
+        raise ConfigError(f"num_blocks must be > 0 (CPU tier size in blocks), got {num_blocks}")
+    if kv_buffer is not None and kv_buffer.num_blocks != num_blocks:
+        raise ConfigError(
+            f"kv_buffer has {kv_buffer.num_blocks} rows but num_blocks is {num_blocks}"
+        )
+
+
+def build_policy(name: str, module_path: str | None, num_blocks: int) -> CachePolicy:
+    """The policy plugin called ``name``, sized for ``num_blocks``."""
+    policy_cls = CachePolicyFactory.get_cache_policy_cls(name, module_path)
+    try:
+        return policy_cls(cache_capacity=num_blocks)
+    except KVOffloadError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"policy {name!r} ({policy_cls.__module__}.{policy_cls.__qualname__}) "
+            f"failed to initialise: {type(exc).__name__}: {exc}",
+            kind="policy",
+            plugin=name,
+        ) from exc
+
+
+def overridden(policy: CachePolicy, name: str) -> Any:
+    """The policy's bound method ``name``, or ``None`` if it is the base class's no-op (the
+    manager then skips the call altogether)."""
+    if getattr(type(policy), name) is getattr(CachePolicy, name):
+        return None
+    return getattr(policy, name)
+
+
+def plugin_setup(
+    plugin_manager: KVOffloadPluginManager | None, policy: CachePolicy
+) -> tuple[KVOffloadPluginManager, HookCallers, list[Any]]:
+    """The plugin manager (the process-wide one by default), its hook callers, and the
+    policy registered as a hook plugin if it carries hookimpls."""
+    pm = plugin_manager if plugin_manager is not None else get_plugin_manager()
+    return pm, HookCallers(pm), register_if_hookimpl(pm, policy)
+
+
+class Counters:
+    """The CPU manager's cumulative counters (restart at zero on ``reset_cache``)."""
+
+    __slots__ = (
+        "evictions",
+        "failed_stores",
+        "hits",
+        "loaded",
+        "misses",
+        "pending_lookups",
+        "rejected_stores",
+        "stored",
+    )
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.pending_lookups = 0
+        self.stored = 0
+        self.loaded = 0
+        self.failed_stores = 0
+        self.rejected_stores = 0
+        self.evictions = 0
+
+    def snapshot(self, capacity: int, slots: SlotTable) -> OffloadingStats:
+        return OffloadingStats(
+            capacity=capacity,
+            lookups=self.hits + self.misses + self.pending_lookups,
+            hits=self.hits,
+            misses=self.misses,
+            pending=self.pending_lookups,
+            stored_blocks=self.stored,
+            loaded_blocks=self.loaded,
+            failed_stores=self.failed_stores,
+            rejected_stores=self.rejected_stores,
+            evictions=self.evictions,
+            resident_blocks=slots.num_resident,
+            free_blocks=slots.num_free,
+            pending_blocks=slots.num_pending,
+            pinned_blocks=slots.num_pinned,
+            evictable_blocks=slots.num_evictable,
+        )
+
+
+class CPUManagerState(OffloadingManager):
+    """A CPU manager's state and everything outside the request flow.
+
+    ``cache_policy`` names an installed policy plugin (``"lru"`` by default, ``"arc"``, or any
+    third-party name); ``cache_policy_module_path`` is the out-of-tree fallback. With
+    ``enable_events`` the manager records :class:`~kv_offload.OffloadingEvent` batches in
+    :attr:`event_log` for :meth:`take_events`.
+    """
+
+    medium = MEDIUM_CPU
+
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str = "lru",
+        cache_policy_module_path: str | None = None,
+        enable_events: bool = False,
+        block_size_bytes: int | None = None,
+        kv_buffer: CPUKVBuffer | None = None,
+        plugin_manager: KVOffloadPluginManager | None = None,
+    ) -> None:
+        check_num_blocks(num_blocks, kv_buffer)
+        policy = build_policy(cache_policy, cache_policy_module_path, num_blocks)
+        if kv_buffer is None and block_size_bytes is not None:
+            kv_buffer = CPUKVBuffer(num_blocks, block_size_bytes)
+        self.kv_buffer = kv_buffer
+        self.num_blocks = num_blocks
+        self.cache_policy_name = cache_policy
+        self._policy: CachePolicy = policy
+        self._get = policy.fast_get()  # bound once: the manager's hottest call
+        self._slots = SlotTable(num_blocks)
+        self._refs = self._slots.refs
+        # Policy callbacks left as the base class's no-ops are not called at all.
+        self._mark_evictable = overridden(policy, "mark_evictable")
+        self._mark_non_evictable = overridden(policy, "mark_non_evictable")
+        self._on_request_finished = overridden(policy, "on_request_finished")
+        #: The stack's ordered event log (``None`` unless ``enable_events``).
+        self.event_log: EventLog | None = EventLog() if enable_events else None
+        self._closed = False
+        self.counters = Counters()
+        self._errors = HookErrorLog()
+        self.plugin_manager, self.hooks, self._own_plugins = plugin_setup(plugin_manager, policy)
+
+    # -- introspection --------------------------------------------------------------------
+
+    @property
+    def policy(self) -> CachePolicy:
+        return self._policy
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._slots.num_free
+
+    @property
+    def num_resident_blocks(self) -> int:
+        return self._slots.num_resident
+
+    def ref_count(self, key: OffloadKey) -> int | None:
+        """``ref_cnt`` of a resident block (-1 pending, 0 idle, n pinned), else ``None``."""
+        block = self._get(key)
+        return None if block is None else self._refs[block]
+
+    def block_id(self, key: OffloadKey) -> int | None:
+        """The CPU slot of a resident block, else ``None``."""
+        block = self._get(key)
+        return None if block is None else int(block)
+
+    # -- whole-cache operations -----------------------------------------------------------
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """The events recorded since the last call (empty unless ``enable_events``)."""
+        return [] if self.event_log is None else self.event_log.take()
+
+    def reset_cache(self) -> None:
+        """Drop every block, pinned and pending ones included; counters restart at zero.
+
+        In-flight transfers are forgotten: completing them afterwards raises
+        :class:`~kv_offload.KeyStateError`, as for keys that were never prepared.
+        """
+        self._policy.clear()
+        self._slots.clear()
+        self.counters = Counters()
+        if (hook := self.hooks.cache_reset) is not None:
+            hook(manager=self)
+
+    def get_stats(self) -> OffloadingStats:
+        return self.counters.snapshot(self.num_blocks, self._slots)
+
+    def cpu_stats(self) -> OffloadingStats:
+        return self.get_stats()
+
+    def tier_stats(self) -> list[TierStats]:
+        return []
+
+    def shutdown(self) -> None:
+        """Release everything; later stores raise :class:`~kv_offload.ManagerError`.
+
+        Shutdown always completes; a hook plugin that raises on the way is reported after.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        errors = self._errors
+        try:
+            errors.call(self.reset_cache)
+            errors.fire(self.hooks.shutdown, manager=self)
+        finally:
+            for plugin in self._own_plugins:
+                self.plugin_manager.unregister(plugin)
+        errors.raise_pending()

@@ -1,0 +1,195 @@
+"""Input checks and error diagnosis of the CPU manager: the slow path.
+
+The manager's fast path only asks yes-or-no questions of a batch (is every block readable?).
+When the answer is no, the functions here find the first offending key and build the error
+that names it and says what to do, so the diagnosis costs nothing when calls are valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..block_status import PENDING_REF_CNT, BlockStatus
+from ..errors import HookError, InvalidArgumentError, InvalidKeyError, KeyStateError, PluginError
+from ..keys import OffloadKey
+from .slots import SlotTable
+
+__all__ = [
+    "admitted",
+    "as_list",
+    "bad_batch",
+    "check_context",
+    "describe_victims",
+    "key_state_error",
+    "malformed_keys",
+    "not_pending",
+    "not_pinned",
+    "not_readable",
+    "short",
+    "storable_error",
+    "victims",
+]
+
+
+# Which ref counts (``None``: not resident) rule a block out, per operation family.
+
+
+def not_readable(count: int | None) -> bool:
+    return count is None or count < 0
+
+
+def not_pinned(count: int | None) -> bool:
+    return count is None or count <= 0
+
+
+def not_pending(count: int | None) -> bool:
+    return count != PENDING_REF_CNT
+
+
+def short(key: object) -> str:
+    """``repr(key)``, cut to fit in an error message."""
+    text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_context(req_context: Any, operation: str) -> None:
+    """Raise unless ``req_context`` is a context with a ``req_id``."""
+    if getattr(req_context, "req_id", None) is None:
+        raise InvalidArgumentError(
+            f"{operation}: req_context must be a ReqContext with a req_id, got "
+            f"{short(req_context)}; pass ReqContext(req_id=...)"
+        )
+
+
+def as_list(keys: Any, operation: str) -> list[Any]:
+    """A batch of keys as a list; a single key or a non-iterable is a caller's mistake."""
+    if type(keys) is list:
+        return keys
+    if isinstance(keys, (bytes, bytearray, str)):
+        raise InvalidArgumentError(
+            f"{operation}: keys must be a collection of offload keys, got a single "
+            f"{type(keys).__name__} {short(keys)}; pass [key]"
+        )
+    try:
+        return list(keys)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"{operation}: keys must be a collection of offload keys, got "
+            f"{type(keys).__name__} {short(keys)}"
+        ) from None
+
+
+def _hashable(key: object) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
+
+
+def malformed_keys(key_list: Sequence[Any], operation: str) -> InvalidArgumentError | None:
+    """The error for a batch holding an unhashable or a repeated key, else ``None``."""
+    seen: set[Any] = set()
+    for key in key_list:
+        if not _hashable(key):
+            return InvalidKeyError(
+                f"{operation}: key {short(key)} of type {type(key).__name__} is unhashable; "
+                f"offload keys must be bytes (see kv_offload.make_offload_key)"
+            )
+        if key in seen:
+            return InvalidArgumentError(
+                f"{operation}: key {short(key)} appears more than once in one call; "
+                f"pass each key once"
+            )
+        seen.add(key)
+    return None
+
+
+def key_state_error(
+    operation: str,
+    key_list: Sequence[OffloadKey],
+    counts: Sequence[int | None],
+    wrong: Callable[[int | None], bool],
+    advice: str,
+) -> KeyStateError:
+    """Name the first key whose ref count (``None``: not resident) ``wrong`` rejects."""
+    for key, count in zip(key_list, counts):
+        if wrong(count):
+            state = {
+                None: "not in the CPU tier",
+                -1: "pending (its store is in flight)",
+                0: "idle (not pinned)",
+            }.get(count, f"pinned {count} time(s)")
+            return KeyStateError(
+                f"{operation}: key {short(key)} is {state}; {advice}", key=key, operation=operation
+            )
+    raise RuntimeError(f"{operation}: no key is in a wrong state")  # pragma: no cover
+
+
+def storable_error(
+    key_list: Sequence[OffloadKey], counts: Sequence[int | None]
+) -> InvalidArgumentError | KeyStateError:
+    """Why ``complete_store`` refused a batch: a repeated key, or a key not pending."""
+    return malformed_keys(key_list, "complete_store") or key_state_error(
+        "complete_store",
+        key_list,
+        counts,
+        not_pending,
+        "it was never prepared for storing: pass the keys_to_store of prepare_store",
+    )
+
+
+def describe_victims(victims: Any, ref_count: Callable[[int], int]) -> str:
+    """What a policy's broken ``evict()`` returned, with each block's ref count if possible."""
+    try:
+        shown = [(key, ref_count(block)) for key, block in list(victims)[:5]]
+        return f"(key, ref_cnt) {short(shown)} ({len(victims)} in all)"
+    except Exception:
+        return short(victims)
+
+
+def bad_batch(key_list: Sequence[Any], operation: str) -> InvalidArgumentError:
+    """The error for a batch a set or dict lookup refused: an unhashable or repeated key."""
+    return malformed_keys(key_list, operation) or InvalidKeyError(
+        f"{operation}: the keys could not be looked up; offload keys must be hashable bytes"
+    )
+
+
+def admitted(answer: Any, to_store: list[OffloadKey]) -> list[OffloadKey]:
+    """The keys a store-admission hook's ``answer`` lets in, in the caller's order."""
+    if answer is None:
+        return to_store
+    try:
+        allowed = set(answer)
+    except TypeError:
+        raise HookError(
+            f"kv_offload_store_admission returned {answer!r}; it must return a list of "
+            f"keys or None",
+            kind="hook",
+        ) from None
+    return [key for key in to_store if key in allowed]
+
+
+def victims(
+    chosen: Any, expected: int, protected: set[Any], slots: SlotTable, policy_name: str
+) -> tuple[tuple[OffloadKey, ...], tuple[BlockStatus, ...]]:
+    """A policy's ``evict()`` answer as keys and blocks, checked against the contract.
+
+    The policy is a plugin: a victim that is pinned, pending or protected would have its
+    bytes overwritten while in use, so the contract is checked, not trusted.
+    """
+    try:
+        keys, blocks = zip(*chosen)
+        kept = len(keys) == expected and slots.all_idle(blocks) and protected.isdisjoint(keys)
+    except (TypeError, ValueError, IndexError):
+        kept = False
+    if not kept:
+        raise PluginError(
+            f"policy {policy_name!r} broke the evict() contract: asked for {expected} "
+            f"(key, BlockStatus) pairs of idle, unprotected blocks, got "
+            f"{describe_victims(chosen, slots.refs.__getitem__)}; fix the policy's evict()",
+            kind="policy",
+            plugin=policy_name,
+        )
+    return keys, blocks

@@ -1,0 +1,226 @@
+"""The plugin manager that carries lifecycle hooks, and how hook plugins are found.
+
+Hook plugins come from three places:
+
+* the ``kv_offload.hooks`` entry-point group, loaded when a plugin manager is created with
+  ``autoload=True`` (the default manager is). ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD=1`` turns
+  autoload off; ``KV_OFFLOAD_PLUGINS=a,b`` loads only the named plugins;
+  ``KV_OFFLOAD_BLOCK_PLUGINS=a,b`` never loads (never imports) the named ones;
+* :meth:`KVOffloadPluginManager.register` at run time;
+* the policy and tier instances of a manager, when they carry hookimpls.
+
+A hook plugin can take ``[hooks.<name>]`` settings (see :mod:`.settings`).
+
+Pass a plugin manager to a manager with ``plugin_manager=``; without one, managers share the
+process-wide :func:`get_plugin_manager`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from ..errors import PluginImportError, PluginValidationError
+from . import hookspecs
+from .registry import dist_label
+from .settings import configure_plugin
+
+__all__ = [
+    "AUTOLOAD_DISABLE_ENV",
+    "ALLOW_ENV",
+    "BLOCK_ENV",
+    "HOOK_ENTRY_POINT_GROUP",
+    "HOOK_NAMES",
+    "KVOffloadPluginManager",
+    "register_if_hookimpl",
+    "create_plugin_manager",
+    "get_plugin_manager",
+]
+
+HOOK_ENTRY_POINT_GROUP = "kv_offload.hooks"
+AUTOLOAD_DISABLE_ENV = "KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD"
+ALLOW_ENV = "KV_OFFLOAD_PLUGINS"
+BLOCK_ENV = "KV_OFFLOAD_BLOCK_PLUGINS"
+
+#: Hook names without the ``kv_offload_`` prefix, as :class:`~.dispatch.HookCallers` attributes.
+HOOK_NAMES = tuple(
+    name.removeprefix("kv_offload_") for name in dir(hookspecs) if name.startswith("kv_offload_")
+)
+
+
+def _names(value: str | None) -> set[str]:
+    return {part for part in re.split(r"[,\s]+", value or "") if part}
+
+
+class KVOffloadPluginManager(pluggy.PluginManager):
+    """pluggy's manager for project ``kv_offload`` that tells subscribers when plugins change
+    or hook-call monitoring is switched on or off, so managers can cache "nobody implements
+    this hook" and skip it at no cost, and go through pluggy's own caller while a monitor
+    (``add_hookcall_monitoring``, ``enable_tracing``) is watching."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT_NAME)
+        self.add_hookspecs(hookspecs)
+        self._subscribers: list[weakref.WeakMethod[Callable[[], None]]] = []
+        self._monitors = 0
+
+    @property
+    def monitored(self) -> bool:
+        """Whether hook-call monitoring or tracing is on (hooks then go through pluggy)."""
+        return self._monitors > 0
+
+    def add_hookcall_monitoring(
+        self,
+        before: Callable[[str, Sequence[pluggy.HookImpl], Mapping[str, Any]], None],
+        after: Callable[
+            [pluggy.Result[Any], str, Sequence[pluggy.HookImpl], Mapping[str, Any]], None
+        ],
+    ) -> Callable[[], None]:
+        """pluggy's monitoring; also makes every manager route its hooks through pluggy's
+        caller until the returned undo function runs (``enable_tracing`` uses this too)."""
+        undo_monitoring = super().add_hookcall_monitoring(before, after)
+        self._monitors += 1
+        self._changed()
+        undone = False
+
+        def undo() -> None:
+            nonlocal undone
+            undo_monitoring()
+            if not undone:
+                undone = True
+                self._monitors -= 1
+                self._changed()
+
+        return undo
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call the bound method ``callback`` after every (un)registration (weakly held)."""
+        self._subscribers.append(weakref.WeakMethod(callback))
+
+    def _changed(self) -> None:
+        alive = []
+        for ref in self._subscribers:
+            callback = ref()
+            if callback is not None:
+                alive.append(ref)
+                callback()
+        self._subscribers = alive
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        """Register a hook plugin; unknown hook names or arguments are rejected here."""
+        try:
+            registered = super().register(plugin, name)
+            self.check_pending()
+        except pluggy.PluginValidationError as exc:
+            if self.is_registered(plugin):
+                super().unregister(plugin)
+            label = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+            raise PluginValidationError(
+                f"hook plugin {label!r} is invalid: {exc}; hook names are "
+                f"{', '.join('kv_offload_' + n for n in HOOK_NAMES)} "
+                f"(see kv_offload.plugins.hookspecs)",
+                kind="hook",
+                plugin=label,
+            ) from exc
+        self._changed()
+        return registered
+
+    def unregister(self, plugin: Any | None = None, name: str | None = None) -> Any | None:
+        removed = super().unregister(plugin, name)
+        self._changed()
+        return removed
+
+    def set_blocked(self, name: str) -> None:
+        super().set_blocked(name)
+        self._changed()
+
+    def load_entry_points(
+        self,
+        allow: Iterable[str] | None = None,
+        block: Iterable[str] = (),
+        settings: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> list[str]:
+        """Register the ``kv_offload.hooks`` plugins; returns the names loaded.
+
+        ``allow`` (if given) limits which names load; ``block`` names are never imported;
+        ``settings`` maps a plugin name to its ``[hooks.<name>]`` table.
+        """
+        allowed = set(allow) if allow is not None else None
+        blocked = set(block)
+        loaded = []
+        for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP):
+            if ep.name in blocked or (allowed is not None and ep.name not in allowed):
+                continue
+            if self.get_plugin(ep.name) is not None or self.is_blocked(ep.name):
+                continue
+            dist = dist_label(ep)
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise PluginImportError(
+                    f"hook plugin {ep.name!r} from distribution {dist} failed to import "
+                    f"({ep.value}): {type(exc).__name__}: {exc}; fix or uninstall it, or "
+                    f"skip it with {BLOCK_ENV}={ep.name}",
+                    kind="hook",
+                    plugin=ep.name,
+                ) from exc
+            plugin = configure_plugin(ep.name, plugin, (settings or {}).get(ep.name))
+            self.register(plugin, name=ep.name)
+            loaded.append(ep.name)
+        return loaded
+
+
+def create_plugin_manager(
+    autoload: bool = True,
+    allow: Iterable[str] | None = None,
+    block: Iterable[str] = (),
+    plugins: Iterable[Any] = (),
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+) -> KVOffloadPluginManager:
+    """A new plugin manager; entry points load unless ``autoload`` is false or the
+    ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` environment variable is set. ``allow``/``block``
+    add to ``KV_OFFLOAD_PLUGINS``/``KV_OFFLOAD_BLOCK_PLUGINS``; ``settings`` holds the
+    ``[hooks.<name>]`` tables of plugins that take settings."""
+    pm = KVOffloadPluginManager()
+    blocked = set(block) | _names(os.environ.get(BLOCK_ENV))
+    for name in blocked:
+        pm.set_blocked(name)
+    env_allow = _names(os.environ.get(ALLOW_ENV))
+    allowed: set[str] | None = None
+    if allow is not None or env_allow:
+        allowed = set(allow or ()) | env_allow
+    if autoload and not os.environ.get(AUTOLOAD_DISABLE_ENV):
+        pm.load_entry_points(allowed, blocked, settings)
+    for plugin in plugins:
+        pm.register(plugin)
+    return pm
+
+
+_default: KVOffloadPluginManager | None = None
+
+
+def get_plugin_manager() -> KVOffloadPluginManager:
+    """The process-wide plugin manager (created with autoload on first use)."""
+    global _default
+    if _default is None:
+        _default = create_plugin_manager()
+    return _default
+
+
+def register_if_hookimpl(pm: KVOffloadPluginManager, plugin: Any) -> list[Any]:
+    """Register a policy or tier instance that carries hookimpls; returns what was registered.
+
+    The instance then sees every event of the plugin manager it joins; its ``manager``
+    argument tells which manager fired.
+    """
+    marker = f"{hookspecs.PROJECT_NAME}_impl"
+    if any(hasattr(getattr(type(plugin), name, None), marker) for name in dir(type(plugin))):
+        pm.register(plugin, name=f"{type(plugin).__qualname__}@{id(plugin):x}")
+        return [plugin]
+    return []

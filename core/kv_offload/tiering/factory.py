@@ -1,0 +1,144 @@
+"""Build secondary tiers from config dicts (vLLM's ``SecondaryTierFactory`` interface).
+
+``config["type"]`` names the tier and resolves like a policy name (runtime registration, then
+``kv_offload.tiers`` entry points, then ``config["module_path"]``). ``module_path`` is only a
+loading hint and ``name`` sets the tier's :attr:`~SecondaryTierManager.name` after
+construction (see :mod:`kv_offload.tiering.names`); every other key is a constructor argument
+of the tier.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError, KVOffloadError, PluginError
+from ..plugins.registry import PluginInfo, PluginRegistry
+from .base import OffloadingConfig, SecondaryTierManager
+
+__all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_arguments"]
+
+TIER_ENTRY_POINT_GROUP = "kv_offload.tiers"
+_RESERVED = ("config", "primary_kv_view", "tier_type")
+#: Keys of a tier config that are kv-offload's, not constructor arguments.
+_NOT_ARGUMENTS = ("type", "module_path", "name")
+
+_registry: PluginRegistry[SecondaryTierManager] = PluginRegistry(
+    "tier",
+    TIER_ENTRY_POINT_GROUP,
+    SecondaryTierManager,  # type: ignore[type-abstract]  # only used for issubclass checks
+    'the tier config\'s "module_path"',
+)
+
+
+def _tier_type(config: Mapping[str, Any]) -> str:
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"a tier config must be a mapping with a 'type' key, got {config!r}")
+    tier_type = config.get("type")
+    if not tier_type:
+        raise ConfigError(
+            f"tier config {dict(config)!r} has no 'type': name an installed tier "
+            f"(see `kv-offload plugins`), e.g. {{'type': 'example'}}"
+        )
+    if not isinstance(tier_type, str):
+        raise ConfigError(f"tier 'type' must be a string, got {tier_type!r}")
+    return tier_type
+
+
+class SecondaryTierFactory:
+    """Tiers by ``type``: runtime registrations, installed entry points, ``module_path``."""
+
+    registry = _registry
+
+    @classmethod
+    def register_tier(cls, tier_type: str, module_path: str, class_name: str) -> None:
+        _registry.register(tier_type, module_path, class_name)
+
+    @classmethod
+    def unregister_tier(cls, tier_type: str) -> None:
+        _registry.unregister(tier_type)
+
+    @classmethod
+    def get_tier_class(cls, config: Mapping[str, Any]) -> type[SecondaryTierManager]:
+        return _registry.resolve(_tier_type(config), config.get("module_path"))
+
+    @classmethod
+    def available_tiers(cls) -> list[PluginInfo]:
+        return _registry.available()
+
+    @classmethod
+    def create_secondary_tier(
+        cls,
+        config: Mapping[str, Any],
+        primary_kv_view: memoryview,
+        offloading_config: OffloadingConfig,
+    ) -> SecondaryTierManager:
+        """Resolve ``config["type"]`` and construct it with the remaining keys."""
+        tier_type = _tier_type(config)
+        tier_cls = cls.get_tier_class(config)
+        arguments = {k: v for k, v in config.items() if k not in _NOT_ARGUMENTS}
+        check_tier_arguments(tier_type, tier_cls, arguments)
+        try:
+            tier = tier_cls(offloading_config, primary_kv_view, tier_type, **arguments)
+        except KVOffloadError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"tier {tier_type!r} ({tier_cls.__module__}.{tier_cls.__qualname__}) failed to "
+                f"initialise: {type(exc).__name__}: {exc}",
+                kind="tier",
+                plugin=tier_type,
+            ) from exc
+        name = config.get("name")
+        if name is not None and name != tier.name:
+            _set_name(tier, tier_type, name)
+        return tier
+
+
+def _set_name(tier: SecondaryTierManager, tier_type: str, name: object) -> None:
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"tier {tier_type!r}: 'name' must be a non-empty string, got {name!r}")
+    try:
+        tier.name = name
+    except AttributeError:
+        cls = type(tier)
+        raise ConfigError(
+            f"tier {tier_type!r} ({cls.__module__}.{cls.__qualname__}) defines a read-only "
+            f"name {tier.name!r} and cannot be called {name!r}; drop its 'name' key (or do "
+            f"not repeat the type)"
+        ) from None
+
+
+def check_tier_arguments(
+    tier_type: str, tier_cls: type[SecondaryTierManager], arguments: Mapping[str, Any]
+) -> None:
+    """Reject config keys the tier's constructor does not take, naming tier and key."""
+    parameters = inspect.signature(tier_cls.__init__).parameters
+    for key in arguments:
+        if key in _RESERVED:
+            raise ConfigError(f"tier {tier_type!r}: {key!r} is set by kv-offload, not in config")
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    accepted = [
+        name
+        for name, p in parameters.items()
+        if name not in ("self", *_RESERVED)
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    for key in arguments:
+        if key not in accepted:
+            raise ConfigError(
+                f"tier {tier_type!r} ({tier_cls.__module__}.{tier_cls.__qualname__}) has no "
+                f"argument {key!r}; it accepts: {', '.join(accepted) or 'no arguments'}"
+            )
+    required = [
+        name
+        for name, p in parameters.items()
+        if name not in ("self", *_RESERVED)
+        and p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    missing = [name for name in required if name not in arguments]
+    if missing:
+        raise ConfigError(f"tier {tier_type!r} needs argument(s): {', '.join(missing)}")

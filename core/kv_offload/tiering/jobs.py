@@ -1,0 +1,179 @@
+"""Tier jobs in flight: submitting them, collecting their results, and what a result does.
+
+* A cascade (``STORE``) job pins its CPU blocks (one reader per job) until the tier reports it.
+* A promotion (``LOAD``) job fills CPU slots reserved as pending stores; promotions queued
+  during a scheduler step go out at ``on_schedule_end()`` as one job per (tier, request).
+* Every job ends in exactly one result. A failed or crashed job releases its pins; a failed
+  promotion frees its slot, so the key is a ``MISS`` in the CPU tier again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cpu import CPUOffloadingManager
+from ..errors import ManagerError
+from ..events import EventLog
+from ..keys import OffloadKey
+from ..plugins import HookErrorLog
+from ..types import ReqContext
+from .base import JobDirection, JobMetadata, JobResult, SecondaryTierManager
+from .stats import TierStats
+
+__all__ = ["JobTable"]
+
+logger = logging.getLogger("kv_offload.tiering")
+
+
+@dataclass
+class _Job:
+    tier: int
+    meta: JobMetadata
+    submitted: float  # time.perf_counter() at submission
+
+
+class JobTable:
+    """The jobs of one tiered manager, by id; results update the CPU tier and the stats."""
+
+    def __init__(
+        self,
+        owner: object,
+        primary: CPUOffloadingManager,
+        tiers: Sequence[SecondaryTierManager],
+        errors: HookErrorLog,
+    ) -> None:
+        self._owner = owner  # the manager hooks name as ``manager``
+        self._primary = primary
+        self._tiers = tiers
+        self._errors = errors
+        self._block_size = primary.kv_buffer.block_size_bytes if primary.kv_buffer else 0
+        self._jobs: dict[int, _Job] = {}
+        self._next_id = 0
+        self.stats = [TierStats(tier.name) for tier in tiers]
+        #: Keys whose promotion is queued or in flight.
+        self.promoting: set[OffloadKey] = set()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def reset_stats(self) -> None:
+        self.stats = [TierStats(s.name) for s in self.stats]
+
+    def submit(
+        self,
+        index: int,
+        direction: JobDirection,
+        keys: list[OffloadKey],
+        slots: Sequence[int],
+        ctx: ReqContext,
+    ) -> None:
+        """Hand a job to tier ``index``; a tier that raises fails the job at once."""
+        job_id = self._next_id
+        self._next_id += 1
+        meta = JobMetadata(job_id, keys, np.asarray(slots, np.int64), direction, ctx)
+        self._jobs[job_id] = _Job(index, meta, time.perf_counter())
+        tier = self._tiers[index]
+        try:
+            if direction is JobDirection.LOAD:
+                tier.submit_load(meta)
+            else:
+                tier.submit_store(meta)
+        except Exception:
+            logger.exception(
+                "tier %r raised from submit_%s (job %d, %d keys); the job is failed and its "
+                "CPU blocks are released",
+                tier.name,
+                direction.value,
+                job_id,
+                len(keys),
+            )
+            self._finish(JobResult(job_id, success=False), tier)
+
+    def poll(self) -> None:
+        """Collect every tier's finished jobs."""
+        for tier in self._tiers:
+            try:
+                results = list(tier.get_finished())
+            except Exception:
+                logger.exception("tier %r raised from get_finished(); will poll again", tier.name)
+                continue
+            for result in results:
+                self._finish(result, tier)
+
+    def drain(self, timeout: float) -> None:
+        """Poll until every job has reported, or raise after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while True:
+            self.poll()
+            if not self._jobs:
+                return
+            if time.monotonic() >= deadline:
+                waiting = sorted({self._tiers[j.tier].name for j in self._jobs.values()})
+                raise ManagerError(
+                    f"{len(self._jobs)} tier job(s) did not finish within the drain timeout "
+                    f"(tiers: {', '.join(waiting)}); a tier must report every job it accepts"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _finish(self, result: JobResult, tier: SecondaryTierManager) -> None:
+        job = self._jobs.get(result.job_id)
+        if job is None or self._tiers[job.tier] is not tier:
+            logger.warning(
+                "tier %r reported job %r, which it does not own or already reported; ignored",
+                tier.name,
+                result.job_id,
+            )
+            return
+        del self._jobs[result.job_id]
+        meta = job.meta
+        keys = meta.keys
+        stats = self.stats[job.tier]
+        nbytes = len(keys) * self._block_size if result.success else 0
+        hooks = self._primary.hooks
+        errors = self._errors
+        if meta.direction is JobDirection.LOAD:
+            self.promoting.difference_update(keys)
+            errors.call(self._primary.complete_store, keys, meta.req_context, result.success)
+            if result.success:
+                stats.promoted_blocks += len(keys)
+                stats.bytes_read += nbytes
+            else:
+                stats.failed_promotions += len(keys)
+            event_hook = hooks.blocks_loaded if result.success else None
+        else:
+            self._primary.unpin(keys, meta.req_context, "cascade")
+            if result.success:
+                stats.cascaded_blocks += len(keys)
+                stats.bytes_written += nbytes
+                log: EventLog | None = self._primary.event_log
+                if log is not None:
+                    log.record(list(keys), tier.name, False)
+            else:
+                stats.failed_cascades += len(keys)
+            event_hook = hooks.blocks_stored if result.success else hooks.store_failed
+        errors.fire(
+            hooks.tier_job_finished,
+            manager=self._owner,
+            tier=tier.name,
+            direction=meta.direction.value,
+            keys=list(keys),
+            success=result.success,
+            nbytes=nbytes,
+            req_context=meta.req_context,
+            seconds=time.perf_counter() - job.submitted,
+            reason=result.reason,
+        )
+        errors.fire(
+            event_hook,
+            manager=self._owner,
+            keys=list(keys),
+            medium=tier.name,
+            req_context=meta.req_context,
+        )

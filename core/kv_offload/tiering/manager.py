@@ -1,0 +1,277 @@
+"""The CPU tier in front of secondary tiers: cascades stores, promotes misses.
+
+* A successful ``complete_store`` cascades the blocks to every secondary tier (a job per
+  tier, see :mod:`kv_offload.tiering.jobs`).
+* A CPU miss that a tier has reserves a CPU slot (a pending store in the CPU tier, so ``lookup``
+  answers ``PENDING`` and the slot cannot be evicted) and queues a promotion, submitted at
+  ``on_schedule_end()``.
+
+It drives the CPU manager through its public API only, and records the tiers' events in the
+CPU manager's event log, so one log holds the whole stack's events in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+
+from ..base import OffloadingManager
+from ..buffer import CPUKVBuffer
+from ..cpu import CPUOffloadingManager
+from ..cpu.validation import as_list, short
+from ..errors import ConfigError, KeyStateError
+from ..keys import OffloadKey
+from ..plugins import HookErrorLog, register_if_hookimpl
+from ..types import (
+    CPULoadStoreSpec,
+    LookupResult,
+    OffloadingEvent,
+    OffloadingStats,
+    PrepareStoreOutput,
+    ReqContext,
+)
+from .base import JobDirection, SecondaryTierManager
+from .jobs import JobTable
+from .stats import TieringStats, TierStats
+
+__all__ = ["TieringOffloadingManager"]
+
+logger = logging.getLogger("kv_offload.tiering")
+
+_MISS = LookupResult.MISS
+_PENDING = LookupResult.PENDING
+
+
+class TieringOffloadingManager(OffloadingManager):
+    """The manager API over a CPU tier (``primary``) and secondary ``tiers``."""
+
+    def __init__(
+        self,
+        primary: CPUOffloadingManager,
+        secondary_tiers: Sequence[SecondaryTierManager],
+        *,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        if primary.kv_buffer is None:
+            raise ConfigError(
+                "TieringOffloadingManager needs a CPU tier with a KV buffer: create the "
+                "CPUOffloadingManager with block_size_bytes=... (tiers copy real bytes)"
+            )
+        names = [tier.name for tier in secondary_tiers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"secondary tiers need distinct names, got {names}")
+        self.primary = primary
+        self.kv_buffer: CPUKVBuffer = primary.kv_buffer
+        self.tiers: list[SecondaryTierManager] = list(secondary_tiers)
+        self.drain_timeout = drain_timeout
+        self.plugin_manager = primary.plugin_manager
+        self._errors = HookErrorLog()
+        self._jobs = JobTable(self, primary, self.tiers, self._errors)
+        # (tier index, req_id) -> (context, keys, slots) promotions waiting for the step end
+        self._queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
+        # req_id -> keys its lookups answered HIT or PENDING (protected from its promotions)
+        self._found: dict[str, set[OffloadKey]] = {}
+        self._closed = False
+        self._own_plugins = [
+            p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
+        ]
+
+    # -- delegated parts of the manager API -----------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> None:
+        self.primary.on_new_request(req_context)
+
+    def prepare_load(
+        self, keys: Collection[OffloadKey], req_context: ReqContext
+    ) -> CPULoadStoreSpec:
+        return self.primary.prepare_load(keys, req_context)
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.primary.complete_load(keys, req_context)
+
+    def prepare_store(
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext,
+        *,
+        protected: Collection[OffloadKey] = (),
+    ) -> PrepareStoreOutput | None:
+        """The CPU tier's ``prepare_store``; if blocks pinned by finished cascades are in the
+        way, collect those tier results first and try once more."""
+        output = self.primary.prepare_store(keys, req_context, protected=protected)
+        if output is None and len(self._jobs):
+            self._jobs.poll()
+            output = self._errors.call(
+                self.primary.prepare_store, keys, req_context, protected=protected
+            )
+            self._errors.raise_pending(output)
+        return output
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.primary.touch(keys, req_context)
+        for tier in self.tiers:
+            tier.touch(keys, req_context)
+
+    # -- lookups and promotions -----------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """The CPU tier's answer; on a CPU miss, the first tier holding the key is asked to
+        promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed).
+
+        A tier answering ``None`` ("ask again": its store is in flight, or its existence check
+        has not finished) makes the answer ``PENDING`` unless a later tier holds the key, so
+        the engine asks again after its next step instead of recomputing the block.
+        """
+        result = self.primary.lookup(key, req_context)
+        if not self.tiers:
+            return result
+        if result is not _MISS:
+            # What a request found stays protected from its own promotions until it finishes:
+            # evicting an earlier HIT of the same prefix would break its prepare_load.
+            self._found.setdefault(req_context.req_id, set()).add(key)
+            return result
+        ask_again = False
+        stats = self._jobs.stats
+        for index, tier in enumerate(self.tiers):
+            stats[index].lookups += 1
+            held = tier.lookup(key, req_context)
+            if held is True:
+                answer = self._reserve_promotion(index, key, req_context)
+                if answer is _PENDING:
+                    self._found.setdefault(req_context.req_id, set()).add(key)
+                return answer
+            if held is None:
+                ask_again = True
+        return _PENDING if ask_again else _MISS
+
+    def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        self._jobs.stats[index].lookup_hits += 1
+        protected = self._found.get(ctx.req_id, ())
+        # A store-admission hook raises before anything changed (and so does this call); an
+        # eviction hook raises after the slot was reserved: queue the promotion, then report.
+        out = self._errors.call(self.primary.prepare_store, [key], ctx, protected=protected)
+        if out is None or not out.keys_to_store:
+            self._errors.raise_pending()  # an admission hook raised: nothing changed
+            self._jobs.stats[index].refused_promotions += 1
+            return _MISS
+        self._jobs.promoting.add(key)
+        _, keys, slots = self._queued.setdefault((index, ctx.req_id), (ctx, [], []))
+        keys.append(key)
+        slots.append(int(out.store_spec.block_ids[0]))
+        if self._errors.pending:
+            self._found.setdefault(ctx.req_id, set()).add(key)
+            self._errors.raise_pending()
+        return _PENDING
+
+    def on_schedule_end(self) -> None:
+        """Tell every tier the step ended, submit the promotions queued this step, then
+        collect finished tier jobs."""
+        for tier in self.tiers:
+            try:
+                tier.on_schedule_end()
+            except Exception:
+                logger.exception("tier %r raised from on_schedule_end(); ignored", tier.name)
+        self._submit_queued()
+        self._jobs.poll()
+        self._errors.raise_pending()
+
+    def _submit_queued(self, req_id: str | None = None) -> None:
+        for group in [g for g in self._queued if req_id is None or g[1] == req_id]:
+            ctx, keys, slots = self._queued.pop(group)
+            self._jobs.submit(group[0], JobDirection.LOAD, keys, slots, ctx)
+
+    # -- stores and cascades --------------------------------------------------------------
+
+    def complete_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
+    ) -> None:
+        """Complete the CPU store; on success cascade the blocks to every secondary tier."""
+        key_list = as_list(keys, "complete_store")
+        promoting = self._jobs.promoting
+        if promoting and not promoting.isdisjoint(key_list):
+            key = next(k for k in key_list if k in promoting)
+            raise KeyStateError(
+                f"complete_store: key {short(key)} is being promoted from a secondary tier, "
+                f"not stored by the engine; pass the keys_to_store of prepare_store",
+                key=key,
+                operation="complete_store",
+            )
+        # The CPU store is done even if one of its hooks raised: cascade it, then report.
+        self._errors.call(self.primary.complete_store, key_list, req_context, success)
+        if success and key_list:
+            for index in range(len(self.tiers)):
+                slots = self.primary.pin(key_list, req_context, "cascade")
+                self._jobs.submit(index, JobDirection.STORE, key_list, slots, req_context)
+        self._errors.raise_pending()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._submit_queued(req_context.req_id)
+        self._found.pop(req_context.req_id, None)
+        for tier in self.tiers:
+            tier.on_request_finished(req_context)
+        self._errors.call(self.primary.on_request_finished, req_context)
+        self._errors.raise_pending()
+
+    def has_pending_work(self) -> bool:
+        """Whether tier jobs or queued promotions are outstanding."""
+        return bool(len(self._jobs) or self._queued)
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Submit queued promotions and wait until every tier job has reported."""
+        self._drain(timeout)
+        self._errors.raise_pending()
+
+    def _drain(self, timeout: float | None = None) -> None:
+        self._submit_queued()
+        self._jobs.drain(self.drain_timeout if timeout is None else timeout)
+
+    def take_events(self) -> list[OffloadingEvent]:
+        """The whole stack's events since the last call, in the order they happened."""
+        return self.primary.take_events()
+
+    def reset_cache(self) -> None:
+        """Drain tier jobs, then empty the CPU tier. Secondary tiers keep their blocks: they
+        may be shared with other engines."""
+        self._drain()
+        self._errors.call(self.primary.reset_cache)
+        self._jobs.promoting.clear()
+        self._found.clear()
+        self._jobs.reset_stats()
+        self._errors.raise_pending()
+
+    def get_stats(self) -> TieringStats:
+        return TieringStats(
+            cpu=self.primary.get_stats(),
+            tiers=self.tier_stats(),
+            jobs_in_flight=len(self._jobs),
+            promotions_queued=sum(len(k) for _, k, _ in self._queued.values()),
+        )
+
+    def cpu_stats(self) -> OffloadingStats:
+        return self.primary.get_stats()
+
+    def tier_stats(self) -> list[TierStats]:
+        return [TierStats(**vars(s)) for s in self._jobs.stats]
+
+    def shutdown(self) -> None:
+        """Drain, shut the CPU tier down (tiers with hooks still hear its events), then every
+        tier. Shutdown always completes; errors are reported after."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._drain()
+        finally:
+            try:
+                self._errors.call(self.primary.shutdown)
+            finally:
+                for tier in self.tiers:
+                    try:
+                        tier.shutdown()
+                    except Exception:
+                        logger.exception("tier %r raised from shutdown()", tier.name)
+                for plugin in self._own_plugins:
+                    self.plugin_manager.unregister(plugin)
+        self._errors.raise_pending()

@@ -1,0 +1,36 @@
+"""Counters of a tiered stack: one :class:`TierStats` per secondary tier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..types import OffloadingStats
+
+__all__ = ["TierStats", "TieringStats"]
+
+
+@dataclass
+class TierStats:
+    """Counters of one secondary tier, cumulative. ``lookups`` counts the CPU misses this
+    tier was asked about, ``lookup_hits`` those it held."""
+
+    name: str
+    lookups: int = 0
+    lookup_hits: int = 0
+    promoted_blocks: int = 0
+    failed_promotions: int = 0
+    refused_promotions: int = 0
+    cascaded_blocks: int = 0
+    failed_cascades: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True)
+class TieringStats:
+    """The CPU tier's stats plus one :class:`TierStats` per secondary tier, in order."""
+
+    cpu: OffloadingStats
+    tiers: list[TierStats] = field(default_factory=list)
+    jobs_in_flight: int = 0
+    promotions_queued: int = 0

@@ -1,0 +1,166 @@
+"""The small value types of the manager API: requests, lookup answers, specs, events, stats.
+
+They carry no behaviour beyond their own fields, so every other module may import them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import InvalidArgumentError
+from .keys import OffloadKey
+
+__all__ = [
+    "CPULoadStoreSpec",
+    "LoadStoreSpec",
+    "LookupResult",
+    "OffloadingEvent",
+    "OffloadingStats",
+    "PrepareStoreOutput",
+    "ReqContext",
+]
+
+_T = TypeVar("_T")
+_INT64 = np.dtype(np.int64)  # a dtype object skips numpy's per-call dtype parsing
+
+
+@dataclass
+class ReqContext:
+    """Identifies the request a call is made for.
+
+    ``req_id`` is required: policies group work by request and hooks report it. ``state`` is a
+    scratch space keyed by type so a policy, tier or hook can parse request data once (for
+    example in ``on_new_request``) and read it back on later calls.
+    """
+
+    req_id: str
+    kv_transfer_params: dict[str, Any] | None = None
+    _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Hooks, stats and tiers key per-request work by req_id; an int that equals another
+        # request's str id (or None) would merge or drop their state silently.
+        if not isinstance(self.req_id, str):
+            raise InvalidArgumentError(
+                f"ReqContext: req_id must be a str, got {type(self.req_id).__name__} "
+                f"{self.req_id!r} (use str({self.req_id!r}))"
+            )
+
+    def set_state(self, value: Any) -> None:
+        self._state[type(value)] = value
+
+    def get_state(self, cls: type[_T]) -> _T | None:
+        return self._state.get(cls)
+
+
+class LookupResult(Enum):
+    """The answer of a single-block lookup.
+
+    ``HIT``: loadable now. ``MISS``: absent. ``PENDING``: present or arriving, but a store or
+    promotion is still in flight, or a secondary tier has not answered yet; ask again after
+    the engine's next step (vLLM's ``HIT_PENDING`` and ``RETRY`` both map here).
+    """
+
+    MISS = "miss"
+    HIT = "hit"
+    PENDING = "pending"
+
+
+class LoadStoreSpec:
+    """Base of the medium-specific descriptions a worker needs to move blocks."""
+
+    medium: str = ""
+
+
+class CPULoadStoreSpec(LoadStoreSpec):
+    """CPU slot ids, one per key and in the caller's key order, as an ``int64`` array.
+
+    The ids index the rows of the CPU KV buffer; an array (not a list) lets a worker hand them
+    to numpy or torch indexing without a Python loop.
+    """
+
+    medium = "CPU"
+    __slots__ = ("block_ids",)
+
+    def __init__(self, block_ids: Sequence[int] | npt.NDArray[np.int64]) -> None:
+        if isinstance(block_ids, list):
+            # array('q') converts int subclasses (BlockStatus) in C, ~4x faster than numpy's
+            # per-object path; frombuffer then wraps it without a copy.
+            self.block_ids = np.frombuffer(array("q", block_ids), _INT64)
+        else:
+            self.block_ids = np.asarray(block_ids, _INT64)
+
+    def __len__(self) -> int:
+        return len(self.block_ids)
+
+    def __repr__(self) -> str:
+        return f"CPULoadStoreSpec({self.block_ids.tolist()!r})"
+
+
+@dataclass
+class PrepareStoreOutput:
+    """Result of ``prepare_store``: the keys the worker must write, where, and what made room."""
+
+    keys_to_store: list[OffloadKey]
+    store_spec: CPULoadStoreSpec
+    evicted_keys: list[OffloadKey]
+
+
+@dataclass
+class OffloadingEvent:
+    """A batch of keys that became loadable (``removed=False``) or left (``removed=True``)
+    the medium named by ``medium`` (``"CPU"`` or a secondary tier's name)."""
+
+    keys: list[OffloadKey]
+    medium: str
+    removed: bool
+
+
+@dataclass(frozen=True)
+class OffloadingStats:
+    """Cumulative counters since construction (or ``reset_cache``) plus current occupancy.
+
+    ``hits``, ``misses`` and ``pending`` partition ``lookups``. ``usage`` is the fraction of
+    slots holding a block that cannot be evicted right now (pending or pinned), vLLM's gauge;
+    ``occupancy`` is the fraction holding any block.
+    """
+
+    capacity: int
+    lookups: int
+    hits: int
+    misses: int
+    pending: int
+    stored_blocks: int
+    loaded_blocks: int
+    failed_stores: int
+    rejected_stores: int
+    evictions: int
+    resident_blocks: int
+    free_blocks: int
+    pending_blocks: int
+    pinned_blocks: int
+    evictable_blocks: int
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def usage(self) -> float:
+        return (self.pending_blocks + self.pinned_blocks) / self.capacity
+
+    @property
+    def occupancy(self) -> float:
+        return self.resident_blocks / self.capacity
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(hit_ratio=self.hit_ratio, usage=self.usage, occupancy=self.occupancy)
+        return data

@@ -1,0 +1,84 @@
+"""Helpers shared by the hook tests: keys, a scriptable example tier and a tiered stack."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kv_offload import (
+    CPUOffloadingManager,
+    JobMetadata,
+    JobResult,
+    KVOffloadPluginManager,
+    LookupResult,
+    OffloadingConfig,
+    OffloadKey,
+    ReqContext,
+    TieringOffloadingManager,
+    get_offload_block_hash,
+    hookspecs,
+    make_offload_key,
+)
+from kv_offload_example_tier import ExampleSecondaryTierManager
+
+HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
+BLOCK = 16
+TIER = "example"
+
+#: Every hookspec, without the ``kv_offload_`` prefix.
+SPECS = sorted(
+    name.removeprefix("kv_offload_") for name in dir(hookspecs) if name.startswith("kv_offload_")
+)
+
+
+def k(i: int) -> OffloadKey:
+    return make_offload_key(i)
+
+
+def ks(*nums: int) -> list[OffloadKey]:
+    return [k(i) for i in nums]
+
+
+def num(key: OffloadKey) -> int:
+    return int.from_bytes(get_offload_block_hash(key), "big")
+
+
+class ScriptedTier(ExampleSecondaryTierManager):
+    """The example tier; ``fail_next_store`` / ``fail_next_load`` fail the next such job."""
+
+    fail_next_store = False
+    fail_next_load = False
+
+    def submit_store(self, job: JobMetadata) -> None:
+        if self.fail_next_store:
+            self.fail_next_store = False
+            self._finished.append(JobResult(job.job_id, success=False))
+            return
+        super().submit_store(job)
+
+    def submit_load(self, job: JobMetadata) -> None:
+        if self.fail_next_load:
+            self.fail_next_load = False
+            self._finished.append(JobResult(job.job_id, success=False))
+            return
+        super().submit_load(job)
+
+
+def make_tiered(
+    pm: KVOffloadPluginManager,
+    num_blocks: int = 4,
+    tier_cls: type[ExampleSecondaryTierManager] = ScriptedTier,
+    names: tuple[str, ...] = (TIER,),
+    **tier_kwargs: Any,
+) -> TieringOffloadingManager:
+    primary = CPUOffloadingManager(num_blocks, block_size_bytes=BLOCK, plugin_manager=pm)
+    assert primary.kv_buffer is not None
+    config = OffloadingConfig(num_blocks, BLOCK)
+    tiers = [tier_cls(config, primary.kv_buffer.view, name, **tier_kwargs) for name in names]
+    return TieringOffloadingManager(primary, tiers, drain_timeout=5.0)
+
+
+def store(manager: Any, ctx: ReqContext, *nums: int) -> list[OffloadKey]:
+    out = manager.prepare_store(ks(*nums), ctx)
+    assert out is not None
+    manager.complete_store(out.keys_to_store, ctx)
+    return list(out.keys_to_store)
