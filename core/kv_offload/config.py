@@ -1,32 +1,33 @@
 """One config (a TOML file or a dict) that selects and builds the whole stack by name.
 
-Every key, its type and its default (a TOML file may set any subset):
+Every key, its type and its default (a TOML file may set any subset); the keys are declared
+once, in :mod:`kv_offload.config_schema`, and this table is checked against it by a test:
 
-=====================  ============  =========  ==============================================
-key                    type          default    meaning
-=====================  ============  =========  ==============================================
-``num_blocks``         int > 0       20000      CPU tier size in blocks (or use ``cpu_bytes``)
-``cpu_bytes``          int > 0       unset      CPU tier size in bytes; needs
+=========================  =========  ========  ==============================================
+key                        type       default   meaning
+=========================  =========  ========  ==============================================
+``num_blocks``             int > 0    20000     CPU tier size in blocks (or use ``cpu_bytes``)
+``cpu_bytes``              int > 0    unset     CPU tier size in bytes; needs
                                                 ``block_size_bytes``; exclusive with
                                                 ``num_blocks``
-``block_size_bytes``   int > 0       unset      bytes per block; gives the CPU tier a KV
+``block_size_bytes``       int > 0    unset     bytes per block; gives the CPU tier a KV
                                                 buffer; required when ``tiers`` is non-empty
-``policy``             str           "lru"      eviction policy plugin name
-``policy_module_path`` str           unset      module defining the class named ``policy``
+``policy``                 str        "lru"     eviction policy plugin name
+``policy_module_path``     str        unset     module defining the class named ``policy``
                                                 (out-of-tree fallback)
-``allow_module_path``  bool          true       false forbids every ``module_path`` import
-``enable_events``      bool          false      record ``OffloadingEvent`` batches
-``[hooks] autoload``   bool          true       load ``kv_offload.hooks`` entry points
-``[hooks] enable``     list[str]     []         only these hook plugins load (empty: all)
-``[hooks] block``      list[str]     []         these hook plugins never load
-``[[tiers]] type``     str           required   secondary tier plugin name, in cascade order
-``[[tiers]] module_``  str           unset      module defining the class named ``type``
-``path``
-``[[tiers]] <other>``  any                      the tier's own constructor arguments
-=====================  ============  =========  ==============================================
+``allow_module_path``      bool       true      false forbids every ``module_path`` import
+``enable_events``          bool       false     record ``OffloadingEvent`` batches
+``[hooks] autoload``       bool       true      load ``kv_offload.hooks`` entry points
+``[hooks] enable``         list[str]  []        only these hook plugins load (empty: all)
+``[hooks] block``          list[str]  []        these hook plugins never load
+``[[tiers]] type``         str        required  secondary tier plugin name, in cascade order
+``[[tiers]] module_path``  str        unset     module defining the class named ``type``
+``[[tiers]] <other>``      any                  the tier's own constructor arguments
+=========================  =========  ========  ==============================================
 
 Validation runs before anything is built and stops at the first problem, with a message that
-names the key (and, for a TOML file, the file and line).
+names the key (and, for a TOML file, the file and line); the :class:`~kv_offload.ConfigError`
+carries that key as ``key``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .config_locate import KeyPath, Locator, dotted, read_config_text
+from .config_schema import HOOK_FIELDS, REQUIRED, TABLES, TIER_FIELDS, TOP_FIELDS, Field, Invalid
 from .errors import ConfigError, KVOffloadError, PluginNotFoundError
 from .hooks import HOOK_ENTRY_POINT_GROUP
 from .plugins import PluginInfo
@@ -51,18 +54,11 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = ["StackConfig", "TierConfig", "HooksConfig", "load_config", "DEFAULT_CONFIG"]
 
-_TOP_KEYS = {
-    "num_blocks",
-    "cpu_bytes",
-    "block_size_bytes",
-    "policy",
-    "policy_module_path",
-    "allow_module_path",
-    "enable_events",
-    "hooks",
-    "tiers",
-}
-_HOOK_KEYS = {"autoload", "enable", "block"}
+_TOP = {f.name: f for f in TOP_FIELDS}
+_HOOKS = {f.name: f for f in HOOK_FIELDS}
+_TOP_KEYS = {*_TOP, *TABLES}
+_HOOK_KEYS = set(_HOOKS)
+_TIER_KEYS = {f.name for f in TIER_FIELDS}
 
 #: The embedded default: a CPU tier in front of the in-memory example tier, no external service.
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -88,106 +84,39 @@ class TierConfig:
 
 @dataclass(frozen=True)
 class HooksConfig:
-    autoload: bool = True
-    enable: tuple[str, ...] = ()
-    block: tuple[str, ...] = ()
+    autoload: bool = _HOOKS["autoload"].default
+    enable: tuple[str, ...] = _HOOKS["enable"].default
+    block: tuple[str, ...] = _HOOKS["block"].default
 
 
 @dataclass(frozen=True)
 class StackConfig:
     """A validated config; :func:`kv_offload.build_manager` turns it into a manager."""
 
-    num_blocks: int = 20000
-    block_size_bytes: int | None = None
-    policy: str = "lru"
-    policy_module_path: str | None = None
-    allow_module_path: bool = True
-    enable_events: bool = False
+    num_blocks: int = _TOP["num_blocks"].default
+    block_size_bytes: int | None = _TOP["block_size_bytes"].default
+    policy: str = _TOP["policy"].default
+    policy_module_path: str | None = _TOP["policy_module_path"].default
+    allow_module_path: bool = _TOP["allow_module_path"].default
+    enable_events: bool = _TOP["enable_events"].default
     hooks: HooksConfig = field(default_factory=HooksConfig)
     tiers: tuple[TierConfig, ...] = ()
     source: str = "<dict>"
 
     def describe(self) -> dict[str, Any]:
         """A plain-data view of the resolved stack (what ``kv-offload validate`` prints)."""
+        shown = [f for f in TOP_FIELDS if f.shown is not None]
         return {
             "source": self.source,
-            "cpu": {
-                "num_blocks": self.num_blocks,
-                "block_size_bytes": self.block_size_bytes,
-                "policy": self.policy,
-                "policy_module_path": self.policy_module_path,
-                "enable_events": self.enable_events,
-            },
+            "cpu": {f.name: getattr(self, f.name) for f in shown if f.shown == "cpu"},
             "tiers": [t.as_factory_config() for t in self.tiers],
-            "hooks": {
-                "autoload": self.hooks.autoload,
-                "enable": list(self.hooks.enable),
-                "block": list(self.hooks.block),
-            },
-            "allow_module_path": self.allow_module_path,
+            "hooks": {f.name: _plain(getattr(self.hooks, f.name)) for f in HOOK_FIELDS},
+            **{f.name: getattr(self, f.name) for f in shown if f.shown == ""},
         }
 
 
-#: One part of a TOML key: bare, "double-quoted" or 'single-quoted'.
-_KEY_PART = r"[A-Za-z0-9_\-]+|\"[^\"]*\"|'[^']*'"
-
-
-class _Locator:
-    """Finds the line of a key in TOML text, so errors can say ``file:line``.
-
-    Understands what configs use: ``[table]`` and ``[[tiers]]`` headers (comments after them
-    included), ``key = value`` and dotted ``table.key = value`` lines.
-    """
-
-    _HEADER = re.compile(r"^(\[\[?)([^\]]+)\]\]?\s*(?:#.*)?$")
-    _KEY = re.compile(rf"^((?:{_KEY_PART})(?:\s*\.\s*(?:{_KEY_PART}))*)\s*=")
-    _PART = re.compile(_KEY_PART)
-
-    def __init__(self, source: str, text: str | None) -> None:
-        self.source = source
-        self.lines = text.splitlines() if text is not None else None
-
-    def where(self, path: tuple[str | int, ...]) -> str:
-        line = self._line(path)
-        return f"{self.source}:{line}" if line else self.source
-
-    @classmethod
-    def _parts(cls, dotted: str) -> tuple[str, ...]:
-        return tuple(part.strip("\"'") for part in cls._PART.findall(dotted))
-
-    def _line(self, path: tuple[str | int, ...]) -> int | None:
-        if not self.lines or not path:
-            return None
-        table: tuple[str | int, ...] = ()
-        array_index: dict[tuple[str, ...], int] = {}
-        first_match = None
-        for number, raw in enumerate(self.lines, start=1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            header = self._HEADER.match(line) if line.startswith("[") else None
-            if header:
-                name = self._parts(header.group(2))
-                if header.group(1) == "[[":
-                    array_index[name] = array_index.get(name, -1) + 1
-                    table = (*name, array_index[name])
-                else:
-                    table = name
-                if table == path:
-                    return number
-                continue
-            match = self._KEY.match(line)
-            if match is None:
-                continue
-            full = (*table, *self._parts(match.group(1)))
-            if full == path:
-                return number
-            if first_match is None and full[-1] == path[-1]:
-                first_match = number
-        return first_match
-
-
-_Path = tuple[str | int, ...]
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _did_you_mean(key: str, known: set[str]) -> str:
@@ -196,16 +125,16 @@ def _did_you_mean(key: str, known: set[str]) -> str:
 
 
 class _Validator:
-    def __init__(self, locator: _Locator) -> None:
+    def __init__(self, locator: Locator) -> None:
         self.loc = locator
 
-    def fail(self, path: _Path, message: str, at: _Path | None = None) -> ConfigError:
+    def fail(self, path: KeyPath, message: str, at: KeyPath | None = None) -> ConfigError:
         """An error naming the key ``path``, located at ``path`` (or at ``at``: for a key that
         is missing from the file, the line that needs it)."""
-        dotted = ".".join(f"[{p}]" if isinstance(p, int) else p for p in path).replace(".[", "[")
-        return ConfigError(f"{self.loc.where(at or path)}: {dotted}: {message}")
+        key = dotted(path)
+        return ConfigError(f"{self.loc.where(at or path)}: {key}: {message}", key=key)
 
-    def unknown(self, data: Mapping[str, Any], known: set[str], prefix: _Path) -> None:
+    def unknown(self, data: Mapping[str, Any], known: set[str], prefix: KeyPath) -> None:
         for key in data:
             if key not in known:
                 raise self.fail(
@@ -213,37 +142,29 @@ class _Validator:
                     f"unknown key{_did_you_mean(key, known)} (known: {', '.join(sorted(known))})",
                 )
 
-    def positive_int(self, data: Mapping[str, Any], key: str, prefix: _Path = ()) -> int | None:
-        value = data.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(
-                (*prefix, key), f"must be an integer, got {type(value).__name__} {value!r}"
-            )
-        if value <= 0:
-            raise self.fail((*prefix, key), f"must be > 0, got {value}")
+    def fields(
+        self, data: Mapping[str, Any], fields: tuple[Field, ...], prefix: KeyPath = ()
+    ) -> dict[str, Any]:
+        """Each field's checked value as written; absent fields are left out."""
+        values = {}
+        for f in fields:
+            if f.name not in data:
+                continue
+            try:
+                values[f.name] = f.check(data[f.name])
+            except Invalid as exc:
+                raise self.fail((*prefix, f.name), str(exc)) from None
+        return values
+
+    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, Mapping):
+            raise self.fail((key,), f"must be a table, got {value!r}")
         return value
 
-    def string(self, data: Mapping[str, Any], key: str, prefix: _Path = ()) -> str | None:
-        value = data.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail((*prefix, key), f"must be a non-empty string, got {value!r}")
-        return value
 
-    def boolean(self, data: Mapping[str, Any], key: str, default: bool, prefix: _Path = ()) -> bool:
-        value = data.get(key, default)
-        if not isinstance(value, bool):
-            raise self.fail((*prefix, key), f"must be true or false, got {value!r}")
-        return value
-
-    def names(self, data: Mapping[str, Any], key: str, prefix: _Path = ()) -> tuple[str, ...]:
-        value = data.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.fail((*prefix, key), f"must be a list of plugin names, got {value!r}")
-        return tuple(value)
+def _with_defaults(values: dict[str, Any], fields: tuple[Field, ...]) -> dict[str, Any]:
+    return {f.name: values.get(f.name, f.default) for f in fields if f.default is not REQUIRED}
 
 
 def parse_config(
@@ -253,48 +174,54 @@ def parse_config(
 
     Plugin names are checked by :func:`resolve_config` (it needs the installed plugins).
     """
-    v = _Validator(_Locator(source, text))
+    v = _Validator(Locator(source, text))
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a config must be a table/dict, got {type(data).__name__}")
     v.unknown(data, _TOP_KEYS, ())
-    num_blocks = v.positive_int(data, "num_blocks")
-    cpu_bytes = v.positive_int(data, "cpu_bytes")
-    block_size = v.positive_int(data, "block_size_bytes")
-    if num_blocks is not None and cpu_bytes is not None:
-        raise v.fail(("cpu_bytes",), "set either num_blocks or cpu_bytes, not both")
+    given = v.fields(data, TOP_FIELDS)
+    top = _with_defaults(given, TOP_FIELDS)
+    cpu_bytes = top.pop("cpu_bytes")
+    block_size = top["block_size_bytes"]
     if cpu_bytes is not None:
+        if given.get("num_blocks") is not None:
+            raise v.fail(("cpu_bytes",), "set either num_blocks or cpu_bytes, not both")
         if block_size is None:
             raise v.fail(("cpu_bytes",), "needs block_size_bytes to turn bytes into blocks")
-        num_blocks = cpu_bytes // block_size
-        if num_blocks <= 0:
+        top["num_blocks"] = cpu_bytes // block_size
+        if top["num_blocks"] <= 0:
             raise v.fail(("cpu_bytes",), f"{cpu_bytes} bytes hold no block of {block_size} bytes")
-    policy = v.string(data, "policy") or "lru"
-    policy_module_path = v.string(data, "policy_module_path")
-    allow_module_path = v.boolean(data, "allow_module_path", True)
-    enable_events = v.boolean(data, "enable_events", False)
 
-    hooks_data = data.get("hooks", {})
-    if not isinstance(hooks_data, Mapping):
-        raise v.fail(("hooks",), f"must be a table, got {hooks_data!r}")
+    hooks_data = v.table(data, "hooks")
     v.unknown(hooks_data, _HOOK_KEYS, ("hooks",))
     hooks = HooksConfig(
-        autoload=v.boolean(hooks_data, "autoload", True, ("hooks",)),
-        enable=v.names(hooks_data, "enable", ("hooks",)),
-        block=v.names(hooks_data, "block", ("hooks",)),
+        **_with_defaults(v.fields(hooks_data, HOOK_FIELDS, ("hooks",)), HOOK_FIELDS)
     )
     overlap = set(hooks.enable) & set(hooks.block)
     if overlap:
         raise v.fail(("hooks", "block"), f"{sorted(overlap)} are both enabled and blocked")
 
-    tiers_data = data.get("tiers", [])
+    tiers = _parse_tiers(v, data.get("tiers", []))
+    if tiers and block_size is None:
+        raise v.fail(
+            ("block_size_bytes",),
+            "is required when tiers are configured (tiers copy real bytes)",
+            at=("tiers", 0),
+        )
+    if not top["allow_module_path"]:
+        _forbid_module_paths(v, top["policy_module_path"], tiers)
+    return StackConfig(**top, hooks=hooks, tiers=tuple(tiers), source=source)
+
+
+def _parse_tiers(v: _Validator, tiers_data: Any) -> list[TierConfig]:
     if not isinstance(tiers_data, list):
         raise v.fail(("tiers",), "must be a list of tables ([[tiers]] in TOML)")
     tiers: list[TierConfig] = []
     for index, tier in enumerate(tiers_data):
-        prefix: tuple[str | int, ...] = ("tiers", index)
+        prefix: KeyPath = ("tiers", index)
         if not isinstance(tier, Mapping):
             raise v.fail(prefix, f"must be a table, got {tier!r}")
-        tier_type = v.string(tier, "type", prefix)
+        values = v.fields(tier, TIER_FIELDS, prefix)
+        tier_type = values.get("type")
         if tier_type is None:
             raise v.fail(prefix, "needs a 'type' naming a tier plugin (e.g. type = \"example\")")
         earlier = next((i for i, t in enumerate(tiers) if t.type == tier_type), None)
@@ -304,39 +231,26 @@ def parse_config(
                 f"tier {tier_type!r} is already tiers[{earlier}]; tiers are named by their "
                 "type, so each type can appear once",
             )
-        module_path = v.string(tier, "module_path", prefix)
-        arguments = {k: val for k, val in tier.items() if k not in ("type", "module_path")}
-        tiers.append(TierConfig(tier_type, module_path, arguments))
-    if tiers and block_size is None:
+        arguments = {k: val for k, val in tier.items() if k not in _TIER_KEYS}
+        tiers.append(TierConfig(tier_type, values.get("module_path"), arguments))
+    return tiers
+
+
+def _forbid_module_paths(
+    v: _Validator, policy_module_path: str | None, tiers: list[TierConfig]
+) -> None:
+    if policy_module_path is not None:
         raise v.fail(
-            ("block_size_bytes",),
-            "is required when tiers are configured (tiers copy real bytes)",
-            at=("tiers", 0),
+            ("policy_module_path",),
+            "module_path imports are forbidden by "
+            "allow_module_path = false; install the policy as a distribution",
         )
-    if not allow_module_path:
-        if policy_module_path is not None:
+    for index, tier_cfg in enumerate(tiers):
+        if tier_cfg.module_path is not None:
             raise v.fail(
-                ("policy_module_path",),
-                "module_path imports are forbidden by "
-                "allow_module_path = false; install the policy as a distribution",
+                ("tiers", index, "module_path"),
+                "module_path imports are forbidden by allow_module_path = false",
             )
-        for index, tier_cfg in enumerate(tiers):
-            if tier_cfg.module_path is not None:
-                raise v.fail(
-                    ("tiers", index, "module_path"),
-                    "module_path imports are forbidden by allow_module_path = false",
-                )
-    return StackConfig(
-        num_blocks=num_blocks if num_blocks is not None else 20000,
-        block_size_bytes=block_size,
-        policy=policy,
-        policy_module_path=policy_module_path,
-        allow_module_path=allow_module_path,
-        enable_events=enable_events,
-        hooks=hooks,
-        tiers=tuple(tiers),
-        source=source,
-    )
 
 
 def load_config(config: Mapping[str, Any] | str | Path | StackConfig) -> StackConfig:
@@ -371,8 +285,7 @@ def resolve_config(config: StackConfig) -> None:
     from .policy_factory import CachePolicyFactory
     from .tier_factory import SecondaryTierFactory, check_tier_arguments
 
-    locator = _Locator(config.source, _read_text(config.source))
-    v = _Validator(locator)
+    v = _Validator(Locator(config.source, read_config_text(config.source)))
     try:
         CachePolicyFactory.get_cache_policy_cls(config.policy, config.policy_module_path)
     except KVOffloadError as exc:
@@ -389,8 +302,7 @@ def resolve_config(config: StackConfig) -> None:
         try:
             check_tier_arguments(tier.type, tier_cls, tier.arguments)
         except ConfigError as exc:
-            bad = next((k for k in tier.arguments if repr(k) in str(exc)), "type")
-            raise v.fail(("tiers", index, bad), str(exc)) from exc
+            raise v.fail(_tier_key(index, tier, exc, "type"), str(exc)) from exc
     if config.hooks.enable:
         installed = {ep.name for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}
         for name in config.hooks.enable:
@@ -406,11 +318,17 @@ def resolve_config(config: StackConfig) -> None:
 def tier_error(config: StackConfig, index: int, exc: Exception) -> ConfigError:
     """A tier constructor's rejection of its arguments, located like a validation error (the
     tier's key it names, else its ``[[tiers]]`` table)."""
-    v = _Validator(_Locator(config.source, _read_text(config.source)))
-    arguments = config.tiers[index].arguments
-    bad = next((k for k in arguments if re.search(rf"\b{re.escape(k)}\b", str(exc))), None)
-    path: _Path = ("tiers", index, bad) if bad is not None else ("tiers", index)
-    return v.fail(path, str(exc))
+    v = _Validator(Locator(config.source, read_config_text(config.source)))
+    return v.fail(_tier_key(index, config.tiers[index], exc), str(exc))
+
+
+def _tier_key(index: int, tier: TierConfig, exc: Exception, fallback: str | None = None) -> KeyPath:
+    """The tier key an error from the tier's checks names through ``ConfigError.key``: one of
+    its arguments, else ``fallback`` (or the ``[[tiers]]`` table itself)."""
+    key = exc.key if isinstance(exc, ConfigError) else None
+    if key is not None and key in tier.arguments:
+        return ("tiers", index, key)
+    return ("tiers", index) if fallback is None else ("tiers", index, fallback)
 
 
 def _not_found_hint(exc: KVOffloadError, available: list[PluginInfo]) -> str:
@@ -423,13 +341,3 @@ def _not_found_hint(exc: KVOffloadError, available: list[PluginInfo]) -> str:
         return message
     head, sep, rest = message.partition("; ")
     return f"{head} (did you mean {close[0]!r}?){sep}{rest}"
-
-
-def _read_text(source: str) -> str | None:
-    path = Path(source)
-    if source.startswith("<") or not path.is_file():
-        return None
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None

@@ -49,7 +49,8 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
         ):
             raise ConfigError(
                 f"tier {tier_type!r}: capacity_blocks must be a positive int or unset, "
-                f"got {capacity_blocks!r}"
+                f"got {capacity_blocks!r}",
+                key="capacity_blocks",
             )
         self.capacity_blocks = capacity_blocks
         self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
