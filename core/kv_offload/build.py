@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import StackConfig, load_config, tier_error
+from .config_resolve import memory_error
 from .errors import ConfigError
-from .hooks import KVOffloadPluginManager, create_plugin_manager
+from .hooks import KVOffloadPluginManager
 from .manager import CPUOffloadingManager
 from .tier import OffloadingConfig, SecondaryTierManager
 from .tier_factory import SecondaryTierFactory
@@ -26,16 +27,24 @@ def build_manager(
 
     Without tiers the result is a :class:`CPUOffloadingManager`; with tiers, a
     :class:`TieringOffloadingManager` whose CPU tier owns a KV buffer of
-    ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table
-    unless ``plugin_manager`` is given.
+    ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table,
+    under the environment's precedence (:mod:`kv_offload.config_env`), unless
+    ``plugin_manager`` is given.
     """
     stack = load_config(config)
+    try:
+        return _build(stack, plugin_manager)
+    except MemoryError:
+        raise memory_error(stack) from None
+
+
+def _build(
+    stack: StackConfig, plugin_manager: KVOffloadPluginManager | None
+) -> CPUOffloadingManager | TieringOffloadingManager:
     if plugin_manager is None:
-        plugin_manager = create_plugin_manager(
-            autoload=stack.hooks.autoload,
-            allow=stack.hooks.enable or None,
-            block=stack.hooks.block,
-        )
+        selection = stack.hook_selection()
+        selection.warn(stacklevel=4)
+        plugin_manager = selection.plugin_manager()
     primary = CPUOffloadingManager(
         stack.num_blocks,
         cache_policy=stack.policy,

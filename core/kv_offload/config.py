@@ -32,27 +32,34 @@ carries that key as ``key``.
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .config_locate import KeyPath, Locator, dotted, read_config_text
-from .config_schema import HOOK_FIELDS, REQUIRED, TABLES, TIER_FIELDS, TOP_FIELDS, Field, Invalid
-from .errors import ConfigError, KVOffloadError, PluginNotFoundError
-from .hooks import HOOK_ENTRY_POINT_GROUP
-from .plugins import PluginInfo
+from .config_env import HookSelection, select_hooks
+from .config_locate import KeyPath, Locator, Validator
+from .config_resolve import resolve_config, tier_error
+from .config_schema import HOOK_FIELDS, REQUIRED, TABLES, TIER_FIELDS, TOP_FIELDS, Field
+from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["StackConfig", "TierConfig", "HooksConfig", "load_config", "DEFAULT_CONFIG"]
+__all__ = [
+    "StackConfig",
+    "TierConfig",
+    "HooksConfig",
+    "load_config",
+    "parse_config",
+    "resolve_config",
+    "tier_error",
+    "DEFAULT_CONFIG",
+]
 
 _TOP = {f.name: f for f in TOP_FIELDS}
 _HOOKS = {f.name: f for f in HOOK_FIELDS}
@@ -114,53 +121,14 @@ class StackConfig:
             **{f.name: getattr(self, f.name) for f in shown if f.shown == ""},
         }
 
+    def hook_selection(self) -> HookSelection:
+        """The hook plugins this stack loads: its ``[hooks]`` table under the environment's
+        precedence (:mod:`kv_offload.config_env`)."""
+        return select_hooks(self.hooks.autoload, self.hooks.enable, self.hooks.block)
+
 
 def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
-
-
-def _did_you_mean(key: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
-class _Validator:
-    def __init__(self, locator: Locator) -> None:
-        self.loc = locator
-
-    def fail(self, path: KeyPath, message: str, at: KeyPath | None = None) -> ConfigError:
-        """An error naming the key ``path``, located at ``path`` (or at ``at``: for a key that
-        is missing from the file, the line that needs it)."""
-        key = dotted(path)
-        return ConfigError(f"{self.loc.where(at or path)}: {key}: {message}", key=key)
-
-    def unknown(self, data: Mapping[str, Any], known: set[str], prefix: KeyPath) -> None:
-        for key in data:
-            if key not in known:
-                raise self.fail(
-                    (*prefix, key),
-                    f"unknown key{_did_you_mean(key, known)} (known: {', '.join(sorted(known))})",
-                )
-
-    def fields(
-        self, data: Mapping[str, Any], fields: tuple[Field, ...], prefix: KeyPath = ()
-    ) -> dict[str, Any]:
-        """Each field's checked value as written; absent fields are left out."""
-        values = {}
-        for f in fields:
-            if f.name not in data:
-                continue
-            try:
-                values[f.name] = f.check(data[f.name])
-            except Invalid as exc:
-                raise self.fail((*prefix, f.name), str(exc)) from None
-        return values
-
-    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-        value = data.get(key, {})
-        if not isinstance(value, Mapping):
-            raise self.fail((key,), f"must be a table, got {value!r}")
-        return value
 
 
 def _with_defaults(values: dict[str, Any], fields: tuple[Field, ...]) -> dict[str, Any]:
@@ -174,7 +142,7 @@ def parse_config(
 
     Plugin names are checked by :func:`resolve_config` (it needs the installed plugins).
     """
-    v = _Validator(Locator(source, text))
+    v = Validator(Locator(source, text))
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a config must be a table/dict, got {type(data).__name__}")
     v.unknown(data, _TOP_KEYS, ())
@@ -212,7 +180,7 @@ def parse_config(
     return StackConfig(**top, hooks=hooks, tiers=tuple(tiers), source=source)
 
 
-def _parse_tiers(v: _Validator, tiers_data: Any) -> list[TierConfig]:
+def _parse_tiers(v: Validator, tiers_data: Any) -> list[TierConfig]:
     if not isinstance(tiers_data, list):
         raise v.fail(("tiers",), "must be a list of tables ([[tiers]] in TOML)")
     tiers: list[TierConfig] = []
@@ -237,7 +205,7 @@ def _parse_tiers(v: _Validator, tiers_data: Any) -> list[TierConfig]:
 
 
 def _forbid_module_paths(
-    v: _Validator, policy_module_path: str | None, tiers: list[TierConfig]
+    v: Validator, policy_module_path: str | None, tiers: list[TierConfig]
 ) -> None:
     if policy_module_path is not None:
         raise v.fail(
@@ -278,66 +246,3 @@ def load_config(config: Mapping[str, Any] | str | Path | StackConfig) -> StackCo
         parsed = parse_config(config)
     resolve_config(parsed)
     return parsed
-
-
-def resolve_config(config: StackConfig) -> None:
-    """Check that every plugin the config names resolves (imports the selected ones only)."""
-    from .policy_factory import CachePolicyFactory
-    from .tier_factory import SecondaryTierFactory, check_tier_arguments
-
-    v = _Validator(Locator(config.source, read_config_text(config.source)))
-    try:
-        CachePolicyFactory.get_cache_policy_cls(config.policy, config.policy_module_path)
-    except KVOffloadError as exc:
-        message = _not_found_hint(exc, CachePolicyFactory.available_policies())
-        # In a config the policy's module_path key is called policy_module_path.
-        message = message.replace("set cache_policy_module_path ", "set policy_module_path ")
-        raise v.fail(("policy",), message) from exc
-    for index, tier in enumerate(config.tiers):
-        try:
-            tier_cls = SecondaryTierFactory.get_tier_class(tier.as_factory_config())
-        except KVOffloadError as exc:
-            message = _not_found_hint(exc, SecondaryTierFactory.available_tiers())
-            raise v.fail(("tiers", index, "type"), message) from exc
-        try:
-            check_tier_arguments(tier.type, tier_cls, tier.arguments)
-        except ConfigError as exc:
-            raise v.fail(_tier_key(index, tier, exc, "type"), str(exc)) from exc
-    if config.hooks.enable:
-        installed = {ep.name for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}
-        for name in config.hooks.enable:
-            if name not in installed:
-                raise v.fail(
-                    ("hooks", "enable"),
-                    f"no hook plugin {name!r} is installed{_did_you_mean(name, installed)} "
-                    f"(installed: {', '.join(sorted(installed)) or 'none'}; "
-                    "see `kv-offload plugins`)",
-                )
-
-
-def tier_error(config: StackConfig, index: int, exc: Exception) -> ConfigError:
-    """A tier constructor's rejection of its arguments, located like a validation error (the
-    tier's key it names, else its ``[[tiers]]`` table)."""
-    v = _Validator(Locator(config.source, read_config_text(config.source)))
-    return v.fail(_tier_key(index, config.tiers[index], exc), str(exc))
-
-
-def _tier_key(index: int, tier: TierConfig, exc: Exception, fallback: str | None = None) -> KeyPath:
-    """The tier key an error from the tier's checks names through ``ConfigError.key``: one of
-    its arguments, else ``fallback`` (or the ``[[tiers]]`` table itself)."""
-    key = exc.key if isinstance(exc, ConfigError) else None
-    if key is not None and key in tier.arguments:
-        return ("tiers", index, key)
-    return ("tiers", index) if fallback is None else ("tiers", index, fallback)
-
-
-def _not_found_hint(exc: KVOffloadError, available: list[PluginInfo]) -> str:
-    """``exc``'s message, plus "did you mean" when it is an unknown name close to one."""
-    message = str(exc)
-    if not isinstance(exc, PluginNotFoundError) or not exc.plugin:
-        return message
-    close = difflib.get_close_matches(exc.plugin, sorted({i.name for i in available}), n=1)
-    if not close:
-        return message
-    head, sep, rest = message.partition("; ")
-    return f"{head} (did you mean {close[0]!r}?){sep}{rest}"

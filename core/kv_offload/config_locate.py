@@ -8,10 +8,16 @@ turns it into the line of the TOML file that sets it.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-__all__ = ["KeyPath", "Locator", "dotted", "read_config_text"]
+from .config_schema import Field, Invalid
+from .errors import ConfigError
+
+__all__ = ["KeyPath", "Locator", "Validator", "did_you_mean", "dotted", "read_config_text"]
 
 KeyPath = tuple[str | int, ...]
 
@@ -91,3 +97,54 @@ def read_config_text(source: str) -> str | None:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def did_you_mean(key: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class Validator:
+    """Builds the errors of one config source: ``file:line: key: message``, ``key`` set."""
+
+    def __init__(self, locator: Locator) -> None:
+        self.loc = locator
+
+    @classmethod
+    def for_source(cls, source: str) -> Validator:
+        """For a config already parsed: re-reads its file (if it is one) to locate keys."""
+        return cls(Locator(source, read_config_text(source)))
+
+    def fail(self, path: KeyPath, message: str, at: KeyPath | None = None) -> ConfigError:
+        """An error naming the key ``path``, located at ``path`` (or at ``at``: for a key that
+        is missing from the file, the line that needs it)."""
+        key = dotted(path)
+        return ConfigError(f"{self.loc.where(at or path)}: {key}: {message}", key=key)
+
+    def unknown(self, data: Mapping[str, Any], known: set[str], prefix: KeyPath) -> None:
+        for key in data:
+            if key not in known:
+                raise self.fail(
+                    (*prefix, key),
+                    f"unknown key{did_you_mean(key, known)} (known: {', '.join(sorted(known))})",
+                )
+
+    def fields(
+        self, data: Mapping[str, Any], fields: tuple[Field, ...], prefix: KeyPath = ()
+    ) -> dict[str, Any]:
+        """Each field's checked value as written; absent fields are left out."""
+        values = {}
+        for f in fields:
+            if f.name not in data:
+                continue
+            try:
+                values[f.name] = f.check(data[f.name])
+            except Invalid as exc:
+                raise self.fail((*prefix, f.name), str(exc)) from None
+        return values
+
+    def table(self, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, Mapping):
+            raise self.fail((key,), f"must be a table, got {value!r}")
+        return value
