@@ -324,18 +324,23 @@ def test_bad_dict_config_names_the_key(data: Any, fragments: tuple[str, ...]) ->
     assert "\n" not in message
 
 
-def test_tier_argument_value_rejected_by_the_tier_is_located(tmp_path: Path) -> None:
-    """Argument *values* are the tier's business; its ConfigError still names file:line."""
+@pytest.mark.parametrize("value", ['"many"', "-3", "0", "true"])
+def test_tier_argument_value_the_tier_rejects_fails_validation_located(
+    tmp_path: Path, value: str
+) -> None:
+    """Argument *values* are the tier's business: validation runs the tier's own
+    ``validate_arguments`` (nothing allocated), and the error names file:line."""
     path = tmp_path / "stack.toml"
     path.write_text(
-        'block_size_bytes = 64\n\n[[tiers]]\ntype = "example"\ncapacity_blocks = "many"\n'
+        f'block_size_bytes = 64\n\n[[tiers]]\ntype = "example"\ncapacity_blocks = {value}\n'
     )
-    load_config(path)  # names and shape are fine
-    with pytest.raises(ConfigError) as info:
-        build_manager(path)
-    message = str(info.value)
-    assert message.startswith(f"{path}:5: tiers[0].capacity_blocks: "), message
-    assert "'many'" in message
+    for check in (load_config, build_manager):
+        with pytest.raises(ConfigError) as info:
+            check(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}:5: tiers[0].capacity_blocks: "), message
+        assert "positive int" in message
+        assert info.value.key == "tiers[0].capacity_blocks"
 
 
 def test_non_mapping_config_is_rejected() -> None:
