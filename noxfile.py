@@ -58,6 +58,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/memory.py")
     session.run("python", "benchmarks/dataplane.py")
     session.run("python", "benchmarks/hooks_overhead.py")
+    session.run("python", "benchmarks/prometheus_overhead.py")
     session.run("python", "benchmarks/vllm_side_by_side.py")
 
 

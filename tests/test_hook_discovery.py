@@ -87,6 +87,9 @@ BROKEN = DistSpec(
     entry_points={HOOK_ENTRY_POINT_GROUP: {"broken": "kvo_hook_broken_test"}},
 )
 MODULES = ["kvo_hook_alpha_test", "kvo_hook_beta_test", "kvo_hook_broken_test"]
+#: The test's own plugins. The environments also see the hook plugins installed where the
+#: suite runs (the project's own, such as ``prometheus``); the checks are about these.
+NAMES = ["alpha", "beta", "broken"]
 
 CHILD = (
     DESCRIBE_EXCEPTION
@@ -105,8 +108,9 @@ try:
     manager.shutdown()
     pm = get_plugin_manager()
     # (blocked names are listed too, with plugin None)
-    result["registered"] = sorted(n for n, plugin in pm.list_name_plugin() if plugin is not None)
-    result["blocked"] = sorted(n for n, _ in pm.list_name_plugin() if pm.is_blocked(n))
+    ours = [(n, plugin) for n, plugin in pm.list_name_plugin() if n in {NAMES!r}]
+    result["registered"] = sorted(n for n, plugin in ours if plugin is not None)
+    result["blocked"] = sorted(n for n, _ in ours if pm.is_blocked(n))
 except Exception as exc:
     result["error"] = describe(exc)
 result["imported"] = sorted(m for m in {MODULES!r} if m in sys.modules)

@@ -20,6 +20,7 @@ from .errors import (
     PluginError,
     PluginImportError,
     PluginNotFoundError,
+    PluginSettingsError,
     PluginTypeError,
     PluginValidationError,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "PluginImportError",
     "PluginInfo",
     "PluginNotFoundError",
+    "PluginSettingsError",
     "PluginTypeError",
     "PluginValidationError",
     "PrepareStoreOutput",

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import StackConfig, load_config, tier_error
+from .config import StackConfig, hook_settings_error, load_config, tier_error
 from .config_resolve import memory_error
-from .errors import ConfigError
+from .errors import ConfigError, PluginSettingsError
 from .hooks import KVOffloadPluginManager
 from .manager import CPUOffloadingManager
 from .tier import OffloadingConfig, SecondaryTierManager
@@ -29,7 +29,8 @@ def build_manager(
     :class:`TieringOffloadingManager` whose CPU tier owns a KV buffer of
     ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table,
     under the environment's precedence (:mod:`kv_offload.config_env`), unless
-    ``plugin_manager`` is given.
+    ``plugin_manager`` is given; a plugin's ``[hooks.<name>]`` settings go to its
+    ``create_plugin``, whose errors (a port in use) are reported like validation errors.
     """
     stack = load_config(config)
     try:
@@ -44,7 +45,10 @@ def _build(
     if plugin_manager is None:
         selection = stack.hook_selection()
         selection.warn(stacklevel=4)
-        plugin_manager = selection.plugin_manager()
+        try:
+            plugin_manager = selection.plugin_manager(stack.hooks.settings)
+        except PluginSettingsError as exc:
+            raise hook_settings_error(stack, exc) from exc
     primary = CPUOffloadingManager(
         stack.num_blocks,
         cache_policy=stack.policy,

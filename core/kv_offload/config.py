@@ -20,6 +20,9 @@ key                        type       default   meaning
 ``[hooks] autoload``       bool       true      load ``kv_offload.hooks`` entry points
 ``[hooks] enable``         list[str]  []        only these hook plugins load (empty: all)
 ``[hooks] block``          list[str]  []        these hook plugins never load
+``[hooks.<name>]``         table      unset     settings of hook plugin ``<name>``, checked by
+                                                the plugin's ``parse_settings`` (see
+                                                ``kv_offload.hooks``)
 ``[[tiers]] type``         str        required  secondary tier plugin name, in cascade order
 ``[[tiers]] module_path``  str        unset     module defining the class named ``type``
 ``[[tiers]] <other>``      any                  the tier's own constructor arguments
@@ -41,7 +44,7 @@ from typing import Any
 
 from .config_env import HookSelection, select_hooks
 from .config_locate import KeyPath, Locator, Validator
-from .config_resolve import resolve_config, tier_error
+from .config_resolve import hook_settings_error, load_hook_entry_point, resolve_config, tier_error
 from .config_schema import HOOK_FIELDS, REQUIRED, TABLES, TIER_FIELDS, TOP_FIELDS, Field
 from .errors import ConfigError
 
@@ -58,6 +61,8 @@ __all__ = [
     "parse_config",
     "resolve_config",
     "tier_error",
+    "hook_settings_error",
+    "load_hook_entry_point",
     "DEFAULT_CONFIG",
 ]
 
@@ -94,6 +99,8 @@ class HooksConfig:
     autoload: bool = _HOOKS["autoload"].default
     enable: tuple[str, ...] = _HOOKS["enable"].default
     block: tuple[str, ...] = _HOOKS["block"].default
+    #: plugin name -> its ``[hooks.<name>]`` table, as written (checked by the plugin)
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,10 @@ class StackConfig:
             "source": self.source,
             "cpu": {f.name: getattr(self, f.name) for f in shown if f.shown == "cpu"},
             "tiers": [t.as_factory_config() for t in self.tiers],
-            "hooks": {f.name: _plain(getattr(self.hooks, f.name)) for f in HOOK_FIELDS},
+            "hooks": {
+                **{f.name: _plain(getattr(self.hooks, f.name)) for f in HOOK_FIELDS},
+                **({"settings": dict(self.hooks.settings)} if self.hooks.settings else {}),
+            },
             **{f.name: getattr(self, f.name) for f in shown if f.shown == ""},
         }
 
@@ -160,13 +170,32 @@ def parse_config(
             raise v.fail(("cpu_bytes",), f"{cpu_bytes} bytes hold no block of {block_size} bytes")
 
     hooks_data = v.table(data, "hooks")
-    v.unknown(hooks_data, _HOOK_KEYS, ("hooks",))
+    # A table under [hooks] holds one plugin's settings; any other unknown key is a typo.
+    settings = {k: dict(t) for k, t in hooks_data.items() if isinstance(t, Mapping)}
+    v.unknown(hooks_data, _HOOK_KEYS | set(settings), ("hooks",))
     hooks = HooksConfig(
-        **_with_defaults(v.fields(hooks_data, HOOK_FIELDS, ("hooks",)), HOOK_FIELDS)
+        **_with_defaults(v.fields(hooks_data, HOOK_FIELDS, ("hooks",)), HOOK_FIELDS),
+        settings=settings,
     )
     overlap = set(hooks.enable) & set(hooks.block)
     if overlap:
         raise v.fail(("hooks", "block"), f"{sorted(overlap)} are both enabled and blocked")
+    for name in settings:  # settings for a plugin that never loads would be ignored silently
+        unloaded = (
+            "[hooks] autoload = false"
+            if not hooks.autoload
+            else "it is blocked"
+            if name in hooks.block
+            else f"it is not in [hooks] enable {list(hooks.enable)}"
+            if hooks.enable and name not in hooks.enable
+            else None
+        )
+        if unloaded is not None:
+            raise v.fail(
+                ("hooks", name),
+                f"settings for hook plugin {name!r}, which does not load ({unloaded}); "
+                "load it or remove the table",
+            )
 
     tiers = _parse_tiers(v, data.get("tiers", []))
     if tiers and block_size is None:

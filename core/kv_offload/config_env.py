@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 from .errors import ConfigError
 from .hooks import (
@@ -97,11 +98,14 @@ class HookSelection:
             names &= self.allow
         return sorted(names - self.block)
 
-    def plugin_manager(self) -> KVOffloadPluginManager:
-        """A plugin manager holding exactly the selected plugins."""
+    def plugin_manager(
+        self, settings: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> KVOffloadPluginManager:
+        """A plugin manager holding exactly the selected plugins (``settings``: the
+        ``[hooks.<name>]`` tables of those that take settings)."""
         pm = create_plugin_manager(autoload=False, block=self.block)
         if self.autoload:
-            pm.load_entry_points(self.allow, self.block)
+            pm.load_entry_points(self.allow, self.block, settings)
         return pm
 
     def warn(self, stacklevel: int = 2) -> None:

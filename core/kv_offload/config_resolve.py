@@ -11,11 +11,12 @@ name, like every config error.
 from __future__ import annotations
 
 import difflib
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .config_env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
 from .config_locate import KeyPath, Validator, did_you_mean
@@ -25,15 +26,28 @@ from .config_memory import (
     human,
     physical_memory_bytes,
 )
-from .errors import ConfigError, KVOffloadError, PluginNotFoundError
-from .hooks import HOOK_ENTRY_POINT_GROUP
-from .plugins import ExperimentalPluginWarning, PluginInfo
+from .errors import (
+    ConfigError,
+    KVOffloadError,
+    PluginImportError,
+    PluginNotFoundError,
+    PluginSettingsError,
+)
+from .hooks import HOOK_ENTRY_POINT_GROUP, parse_plugin_settings
+from .plugins import ExperimentalPluginWarning, PluginInfo, dist_label
 from .tier import OffloadingConfig, SecondaryTierManager
 
 if TYPE_CHECKING:
     from .config import StackConfig, TierConfig
 
-__all__ = ["resolve_config", "tier_error", "estimate_memory", "memory_error"]
+__all__ = [
+    "resolve_config",
+    "tier_error",
+    "estimate_memory",
+    "memory_error",
+    "hook_settings_error",
+    "load_hook_entry_point",
+]
 
 _PYTHONPATH_HINT = (
     "; module_path is imported like any module: `kv-offload` does not put the working "
@@ -49,17 +63,56 @@ def resolve_config(config: StackConfig) -> None:
     _resolve_policy(v, config)
     tier_classes = [_resolve_tier(v, index, tier) for index, tier in enumerate(config.tiers)]
     config.hook_selection()  # the environment's hook settings must parse
-    if config.hooks.enable:
-        installed = {ep.name for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}
-        for name in config.hooks.enable:
-            if name not in installed:
+    _check_hooks(v, config)
+    _check_memory(v, config, _estimate(config, tier_classes))
+
+
+def _check_hooks(v: Validator, config: StackConfig) -> None:
+    """Every hook plugin ``enable`` names or ``[hooks.<name>]`` configures is installed, and
+    each plugin's own ``parse_settings`` accepts its table."""
+    hook_eps = {ep.name: ep for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP)}
+    for key, names in (("enable", config.hooks.enable), ("settings", config.hooks.settings)):
+        for name in names:
+            if name not in hook_eps:
                 raise v.fail(
-                    ("hooks", "enable"),
-                    f"no hook plugin {name!r} is installed{did_you_mean(name, installed)} "
-                    f"(installed: {', '.join(sorted(installed)) or 'none'}; "
+                    ("hooks", "enable") if key == "enable" else ("hooks", name),
+                    f"no hook plugin {name!r} is installed{did_you_mean(name, set(hook_eps))} "
+                    f"(installed: {', '.join(sorted(hook_eps)) or 'none'}; "
                     "see `kv-offload plugins`)",
                 )
-    _check_memory(v, config, _estimate(config, tier_classes))
+    for name, table in config.hooks.settings.items():
+        try:
+            parse_plugin_settings(name, load_hook_entry_point(hook_eps[name]), table)
+        except PluginSettingsError as exc:
+            raise hook_settings_error(config, exc) from exc
+
+
+def load_hook_entry_point(ep: metadata.EntryPoint) -> Any:
+    """Import a hook plugin's entry point, as plugin managers do (same error on failure)."""
+    try:
+        return ep.load()
+    except Exception as exc:
+        raise PluginImportError(
+            f"hook plugin {ep.name!r} from distribution {dist_label(ep)} failed to import "
+            f"({ep.value}): {type(exc).__name__}: {exc}",
+            kind="hook",
+            plugin=ep.name,
+        ) from exc
+
+
+def hook_settings_error(config: StackConfig, exc: PluginSettingsError) -> ConfigError:
+    """A hook plugin's rejection of its settings, located at the setting it names through
+    ``ConfigError.key`` (else, for plugins that do not set it, the setting its message names
+    first; else its ``[hooks.<name>]`` table)."""
+    v = Validator.for_source(config.source)
+    table = config.hooks.settings.get(exc.plugin, {})
+    bad = exc.key if exc.key in table else None
+    if bad is None:
+        message = str(exc)
+        named = [(m.start(), k) for k in table if (m := re.search(rf"\b{re.escape(k)}\b", message))]
+        bad = min(named)[1] if named else None
+    path: KeyPath = ("hooks", exc.plugin, bad) if bad is not None else ("hooks", exc.plugin)
+    return v.fail(path, str(exc))
 
 
 def estimate_memory(config: StackConfig) -> MemoryEstimate:

@@ -157,7 +157,14 @@ TIER_FIELDS: Final[tuple[Field, ...]] = (
 #: Top-level keys that hold tables: ``[hooks]`` (one table), ``[[tiers]]`` (a list of them).
 TABLES: Final[dict[str, tuple[Field, ...]]] = {"hooks": HOOK_FIELDS, "tiers": TIER_FIELDS}
 
-#: The row documenting the tier keys that no field declares: the tier's own arguments.
+#: Rows documenting keys no field declares: what plugins define for themselves.
+_HOOK_SETTINGS_ROW = (
+    "``[hooks.<name>]``",
+    "table",
+    "unset",
+    "settings of hook plugin ``<name>``, checked by the plugin's ``parse_settings`` (see "
+    "``kv_offload.hooks``)",
+)
 _TIER_ARGUMENTS_ROW = ("``[[tiers]] <other>``", "any", "", "the tier's own constructor arguments")
 
 _MEANING_WIDTH = 46
@@ -188,6 +195,8 @@ def _rows() -> list[tuple[str, str, str, str]]:
             (f"``{header} {f.name}``", f.rule.type_text, _default_text(f.default), f.description)
             for f in fields
         ]
+        if table == "hooks":
+            rows.append(_HOOK_SETTINGS_ROW)
     rows.append(_TIER_ARGUMENTS_ROW)
     return rows
 

@@ -21,6 +21,7 @@ __all__ = [
     "PluginTypeError",
     "DuplicateRegistrationError",
     "PluginValidationError",
+    "PluginSettingsError",
     "HookError",
 ]
 
@@ -38,8 +39,8 @@ class ConfigError(KVOffloadError, ValueError):
     (``file:line``) are found from it, never from the message.
     """
 
-    def __init__(self, message: str, *, key: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, key: str | None = None, **kwargs: str) -> None:
+        super().__init__(message, **kwargs)  # PluginSettingsError passes kind= and plugin=
         self.key = key
 
 
@@ -97,6 +98,11 @@ class DuplicateRegistrationError(PluginError):
 
 class PluginValidationError(PluginError):
     """A hook plugin implements an unknown hook or takes arguments its hook does not have."""
+
+
+class PluginSettingsError(ConfigError, PluginError):
+    """A hook plugin rejected its ``[hooks.<name>]`` settings (or takes none); ``plugin``
+    names it. Config validation reports it located at the setting, ``file:line``."""
 
 
 class HookError(PluginError):

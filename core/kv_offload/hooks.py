@@ -9,6 +9,13 @@ Hook plugins come from three places:
 * :meth:`KVOffloadPluginManager.register` at run time;
 * the policy and tier instances of a manager, when they carry hookimpls.
 
+A hook plugin with settings (a ``[hooks.<name>]`` config table) gives its entry-point object
+two functions, found by name: ``parse_settings(table) -> settings`` checks the table without
+side effects (``kv-offload validate`` runs it) and ``create_plugin(settings) -> plugin`` builds
+the object that is registered under the entry-point name, once per plugin manager, so two
+stacks get two instances. Both raise :class:`~kv_offload.errors.ConfigError` naming the
+setting. Without a table, ``parse_settings({})`` gives the defaults.
+
 Pass a plugin manager to a manager with ``plugin_manager=``; without one, managers share the
 process-wide :func:`get_plugin_manager`.
 """
@@ -18,14 +25,22 @@ from __future__ import annotations
 import os
 import re
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from typing import Any
 
 import pluggy
 
 from . import hookspecs
-from .errors import HookError, PluginImportError, PluginValidationError
+from .errors import (
+    ConfigError,
+    HookError,
+    KVOffloadError,
+    PluginError,
+    PluginImportError,
+    PluginSettingsError,
+    PluginValidationError,
+)
 from .plugins import dist_label
 
 __all__ = [
@@ -35,6 +50,9 @@ __all__ = [
     "HOOK_ENTRY_POINT_GROUP",
     "HookCallers",
     "KVOffloadPluginManager",
+    "configure_plugin",
+    "parse_plugin_settings",
+    "takes_settings",
     "register_if_hookimpl",
     "create_plugin_manager",
     "get_plugin_manager",
@@ -53,6 +71,61 @@ HOOK_NAMES = tuple(
 
 def _names(value: str | None) -> set[str]:
     return {part for part in re.split(r"[,\s]+", value or "") if part}
+
+
+#: What a hook plugin's entry-point object defines to take ``[hooks.<name>]`` settings.
+SETTINGS_PARSER = "parse_settings"
+PLUGIN_FACTORY = "create_plugin"
+
+
+def takes_settings(plugin: Any) -> bool:
+    """Whether a loaded entry-point object follows the settings convention."""
+    return callable(getattr(plugin, SETTINGS_PARSER, None)) and callable(
+        getattr(plugin, PLUGIN_FACTORY, None)
+    )
+
+
+def _settings_call(name: str, function: Any, argument: Any) -> Any:
+    """Call a plugin's settings function; its ConfigError becomes a
+    :class:`PluginSettingsError` that names the plugin (config.py locates it file:line)."""
+    try:
+        return function(argument)
+    except ConfigError as exc:
+        raise PluginSettingsError(str(exc), kind="hook", plugin=name) from exc
+    except KVOffloadError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"hook plugin {name!r}: {function.__name__}() raised {type(exc).__name__}: {exc}",
+            kind="hook",
+            plugin=name,
+        ) from exc
+
+
+def parse_plugin_settings(name: str, plugin: Any, table: Mapping[str, Any] | None) -> Any:
+    """The settings ``plugin`` (an entry-point object) parses from ``table`` (``None``: no
+    table, the defaults); raises :class:`PluginSettingsError` for a bad table, or for a table
+    given to a plugin that takes no settings."""
+    if not takes_settings(plugin):
+        if table is None:
+            return None
+        raise PluginSettingsError(
+            f"hook plugin {name!r} takes no settings (its entry point defines no "
+            f"{SETTINGS_PARSER}/{PLUGIN_FACTORY}); remove the [hooks.{name}] table",
+            kind="hook",
+            plugin=name,
+        )
+    return _settings_call(name, getattr(plugin, SETTINGS_PARSER), dict(table or {}))
+
+
+def configure_plugin(name: str, plugin: Any, table: Mapping[str, Any] | None) -> Any:
+    """What to register for the entry point ``name``: the entry-point object itself, or,
+    for a plugin that takes settings, the instance its ``create_plugin`` builds."""
+    if not takes_settings(plugin):
+        parse_plugin_settings(name, plugin, table)  # a table for it is an error
+        return plugin
+    settings = parse_plugin_settings(name, plugin, table)
+    return _settings_call(name, getattr(plugin, PLUGIN_FACTORY), settings)
 
 
 class KVOffloadPluginManager(pluggy.PluginManager):
@@ -105,11 +178,15 @@ class KVOffloadPluginManager(pluggy.PluginManager):
         self._changed()
 
     def load_entry_points(
-        self, allow: Iterable[str] | None = None, block: Iterable[str] = ()
+        self,
+        allow: Iterable[str] | None = None,
+        block: Iterable[str] = (),
+        settings: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[str]:
         """Register the ``kv_offload.hooks`` plugins; returns the names loaded.
 
-        ``allow`` (if given) limits which names load; ``block`` names are never imported.
+        ``allow`` (if given) limits which names load; ``block`` names are never imported;
+        ``settings`` maps a plugin name to its ``[hooks.<name>]`` table.
         """
         allowed = set(allow) if allow is not None else None
         blocked = set(block)
@@ -130,6 +207,7 @@ class KVOffloadPluginManager(pluggy.PluginManager):
                     kind="hook",
                     plugin=ep.name,
                 ) from exc
+            plugin = configure_plugin(ep.name, plugin, (settings or {}).get(ep.name))
             self.register(plugin, name=ep.name)
             loaded.append(ep.name)
         return loaded
@@ -140,10 +218,12 @@ def create_plugin_manager(
     allow: Iterable[str] | None = None,
     block: Iterable[str] = (),
     plugins: Iterable[Any] = (),
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> KVOffloadPluginManager:
     """A new plugin manager; entry points load unless ``autoload`` is false or the
     ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` environment variable is set. ``allow``/``block``
-    add to ``KV_OFFLOAD_PLUGINS``/``KV_OFFLOAD_BLOCK_PLUGINS``."""
+    add to ``KV_OFFLOAD_PLUGINS``/``KV_OFFLOAD_BLOCK_PLUGINS``; ``settings`` holds the
+    ``[hooks.<name>]`` tables of plugins that take settings."""
     pm = KVOffloadPluginManager()
     blocked = set(block) | _names(os.environ.get(BLOCK_ENV))
     for name in blocked:
@@ -153,7 +233,7 @@ def create_plugin_manager(
     if allow is not None or env_allow:
         allowed = set(allow or ()) | env_allow
     if autoload and not os.environ.get(AUTOLOAD_DISABLE_ENV):
-        pm.load_entry_points(allowed, blocked)
+        pm.load_entry_points(allowed, blocked, settings)
     for plugin in plugins:
         pm.register(plugin)
     return pm

@@ -86,9 +86,12 @@ def kv_offload_tier_job_finished(
     success: bool,
     nbytes: int,
     req_context: ReqContext,
+    seconds: float,
 ) -> None:
     """A secondary tier reported a job: ``direction`` is ``"store"`` (cascade) or ``"load"``
-    (promotion); ``nbytes`` the bytes moved (0 on failure). Result unused."""
+    (promotion); ``nbytes`` the bytes moved (0 on failure); ``seconds`` the time from the
+    job's submission to the manager collecting its result (``time.perf_counter``), the
+    latency the engine sees. Result unused."""
 
 
 @hookspec

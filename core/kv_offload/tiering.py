@@ -42,9 +42,11 @@ _PENDING = LookupResult.PENDING
 
 @dataclass
 class TierStats:
-    """Counters of one secondary tier, cumulative."""
+    """Counters of one secondary tier, cumulative. ``lookups`` counts the CPU misses this
+    tier was asked about, ``lookup_hits`` those it held."""
 
     name: str
+    lookups: int = 0
     lookup_hits: int = 0
     promoted_blocks: int = 0
     failed_promotions: int = 0
@@ -69,6 +71,7 @@ class TieringStats:
 class _Job:
     tier: int
     meta: JobMetadata
+    submitted: float  # time.perf_counter() at submission
 
 
 class TieringOffloadingManager:
@@ -161,6 +164,7 @@ class TieringOffloadingManager:
             self._found.setdefault(req_context.req_id, set()).add(key)
             return result
         for index, tier in enumerate(self.tiers):
+            self._tier_stats[index].lookups += 1
             if tier.lookup(key, req_context) is True:
                 answer = self._reserve_promotion(index, key, req_context)
                 if answer is _PENDING:
@@ -217,7 +221,7 @@ class TieringOffloadingManager:
         job_id = self._next_job_id
         self._next_job_id += 1
         meta = JobMetadata(job_id, keys, slots, direction, ctx)
-        self._jobs[job_id] = _Job(index, meta)
+        self._jobs[job_id] = _Job(index, meta, time.perf_counter())
         tier = self.tiers[index]
         try:
             if direction is JobDirection.LOAD:
@@ -292,6 +296,7 @@ class TieringOffloadingManager:
             success=result.success,
             nbytes=nbytes,
             req_context=meta.req_context,
+            seconds=time.perf_counter() - job.submitted,
         )
         self._call_hook(
             event_hook,
