@@ -72,14 +72,21 @@ class KeyQueue(Generic[K]):
         """Append keys that are not in the queue (no live entry), newest last."""
         self.order.extend(keys)
 
-    def requeue(self, keys: list[K]) -> None:
-        """Move live keys to the back, in order: each live entry becomes a tombstone."""
+    def requeue(self, keys: Iterable[K]) -> None:
+        """Move the live ones of ``keys`` to the back, in order (the others are ignored): each
+        one's live entry becomes a tombstone."""
+        members = self.members
         stale = self.stale
         get = stale.get
+        append = self.order.append
+        moved = False
         for key in keys:
-            stale[key] = get(key, 0) + 1
-        self.order.extend(keys)
-        self._compact_if_sparse()
+            if key in members:
+                stale[key] = get(key, 0) + 1
+                append(key)
+                moved = True
+        if moved:
+            self._compact_if_sparse()
 
     def forget(self, key: K) -> None:
         """The live entry of ``key`` becomes a tombstone."""

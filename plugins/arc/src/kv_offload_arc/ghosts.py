@@ -48,7 +48,10 @@ class GhostList:
         """Forget the ``count`` oldest ghosts (at most as many as there are)."""
         count = min(count, len(self.keys))
         if count > 0:
-            self.keys.difference_update(self._queue.pop_front(count))
+            queue = self._queue
+            oldest, entries, tombstones = queue.peek_front(count)
+            queue.drop_front(entries, tombstones)
+            self.keys.difference_update(oldest)
 
     def clear(self) -> None:
         self.keys.clear()

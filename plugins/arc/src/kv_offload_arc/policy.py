@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from itertools import islice, repeat
-from operator import attrgetter, itemgetter
+from itertools import groupby, islice, repeat
+from operator import attrgetter, itemgetter, or_
 
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
 from kv_offload.policies.key_queue import KeyQueue
@@ -92,28 +92,44 @@ class ARCCachePolicy(CachePolicy):
         """ARC's miss cases for each key in order, except REPLACE (the manager ran ``evict``).
 
         The common batch is all first sightings: it goes to T1's back in bulk. Otherwise the
-        batch goes in runs, ghost hits and first sightings, each run classified when its turn
-        comes, because a ghost that an earlier key of the batch pushed out of the history is a
-        plain miss by then. A run goes in bulk: trimming after a run of first sightings is the
-        same as trimming after each (nothing in between looks at the ghosts), and a run of ghost
-        hits needs no trimming at all (B1/B2 -> T2 changes neither bound).
+        batch goes in runs of ghost hits and of first sightings, because a ghost that an earlier
+        key of the batch pushed out of the history is a plain miss by its turn. A run goes in
+        bulk: trimming after a run of first sightings is the same as trimming after each
+        (nothing in between looks at the ghosts), and a run of ghost hits needs no trimming at
+        all (B1/B2 -> T2 changes neither bound).
         """
         b1 = self._b1.keys
         b2 = self._b2.keys
         if (not b1 or b1.isdisjoint(keys)) and (not b2 or b2.isdisjoint(keys)):
             self._first_sightings(keys, blocks)
             return
+        # Trimming only ever drops ghosts, so a key that is no ghost now is a first sighting
+        # whenever its turn comes; a ghost is checked again when its run comes up.
         start = 0
-        while start < len(keys):
-            ghost = keys[start] in b1 or keys[start] in b2
-            stop = start + 1
-            while stop < len(keys) and (keys[stop] in b1 or keys[stop] in b2) is ghost:
-                stop += 1
+        ghosts = list(map(or_, map(b1.__contains__, keys), map(b2.__contains__, keys)))
+        for ghost, run in groupby(ghosts):
+            stop = start + sum(1 for _ in run)
             if ghost:
-                self._ghost_hits(keys[start:stop], blocks[start:stop])
+                self._ghost_run(keys[start:stop], blocks[start:stop])
             else:
                 self._first_sightings(keys[start:stop], blocks[start:stop])
             start = stop
+
+    def _ghost_run(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
+        """Keys that were ghosts when the batch arrived: the leading ones still ghosts are hits
+        in bulk; one an earlier key pushed out of the history is a first sighting."""
+        b1 = self._b1.keys
+        b2 = self._b2.keys
+        while keys:
+            still = list(map(or_, map(b1.__contains__, keys), map(b2.__contains__, keys)))
+            cut = still.index(False) if False in still else len(keys)
+            if cut:
+                self._ghost_hits(keys[:cut], blocks[:cut])
+            if cut == len(keys):
+                return
+            self._first_sightings(keys[cut : cut + 1], blocks[cut : cut + 1])
+            keys = keys[cut + 1 :]
+            blocks = blocks[cut + 1 :]
 
     def _first_sightings(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
         """Case IV: new keys join T1's MRU end; then the ghosts are trimmed to their bounds."""

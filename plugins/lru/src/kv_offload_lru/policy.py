@@ -60,11 +60,8 @@ class LRUCachePolicy(CachePolicy):
         self._queue.extend(keys)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        resident = self._blocks
         # Reversed, so the first key of a request (the shared prefix) ends up most recent.
-        present = [key for key in reversed(list(keys)) if key in resident]
-        if present:
-            self._queue.requeue(present)
+        self._queue.requeue(reversed(keys if type(keys) is list else list(keys)))
 
     def remove(self, key: OffloadKey) -> None:
         if self._blocks.pop(key, None) is not None:
