@@ -7,7 +7,10 @@ power-of-two boundary pays for up to twice the table of one just below it. Each 
 unique keys in batches of 16 until four times the capacity has gone through (every slot
 evicted three times), touching a few older keys per batch, then counts the bytes the manager
 still holds (tracemalloc) over its resident blocks. The baseline, measured in the same run
-on the same keys, is a bare ``OrderedDict`` of key -> slot id with the same churn.
+on the same keys, is a bare ``OrderedDict`` of key -> slot id with the same churn. The
+shipped reference policies (``kv_offload_lru.reference``, ``kv_offload_arc.reference``: plain
+``OrderedDict`` versions of the same decisions) run as ``--policy lru-reference`` and
+``--policy arc-reference``.
 
     python benchmarks/memory.py [--capacity N ...] [--policy NAME ...]
 """
@@ -20,10 +23,20 @@ import tracemalloc
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kv_offload import (
+    CachePolicyFactory,
+    CPUOffloadingManager,
+    OffloadKey,
+    ReqContext,
+    make_offload_key,
+)
 
 CAPACITIES = [5000, 8000, 12000, 16000, 20000, 30000, 45000, 100_000]
 BATCH = 16
+REFERENCES = {
+    "lru-reference": ("kv_offload_lru.reference", "ReferenceLRUCachePolicy"),
+    "arc-reference": ("kv_offload_arc.reference", "ReferenceARCCachePolicy"),
+}
 
 
 def traced_bytes(build: Callable[[], tuple[object, int]]) -> float:
@@ -78,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacities = args.capacity or CAPACITIES
     policies = args.policy or ["lru", "arc"]
     for policy in policies:  # import and register plugins before anything is traced
+        if policy in REFERENCES:
+            CachePolicyFactory.register_cache_policy(policy, *REFERENCES[policy])
         CPUOffloadingManager(1, cache_policy=policy)
     print(f"{'capacity':>9}  {'bare OrderedDict':>16}" + "".join(f"  {p:>8}" for p in policies))
     for capacity in capacities:

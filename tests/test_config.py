@@ -21,6 +21,7 @@ from kv_offload import (
 )
 from kv_offload import config as config_module
 from kv_offload.config import DEFAULT_CONFIG
+from kv_offload.config_schema import HOOK_FIELDS, TOP_FIELDS, docs_table
 
 # (id, TOML text, line the message must point at, fragments the message must contain)
 BAD_TOML: list[tuple[str, str, int, tuple[str, ...]]] = [
@@ -325,18 +326,23 @@ def test_bad_dict_config_names_the_key(data: Any, fragments: tuple[str, ...]) ->
     assert "\n" not in message
 
 
-def test_tier_argument_value_rejected_by_the_tier_is_located(tmp_path: Path) -> None:
-    """Argument *values* are the tier's business; its ConfigError still names file:line."""
+@pytest.mark.parametrize("value", ['"many"', "-3", "0", "true"])
+def test_tier_argument_value_the_tier_rejects_fails_validation_located(
+    tmp_path: Path, value: str
+) -> None:
+    """Argument *values* are the tier's business: validation runs the tier's own
+    ``validate_arguments`` (nothing allocated), and the error names file:line."""
     path = tmp_path / "stack.toml"
     path.write_text(
-        'block_size_bytes = 64\n\n[[tiers]]\ntype = "example"\ncapacity_blocks = "many"\n'
+        f'block_size_bytes = 64\n\n[[tiers]]\ntype = "example"\ncapacity_blocks = {value}\n'
     )
-    load_config(path)  # names and shape are fine
-    with pytest.raises(ConfigError) as info:
-        build_manager(path)
-    message = str(info.value)
-    assert message.startswith(f"{path}:5: tiers[0].capacity_blocks: "), message
-    assert "'many'" in message
+    for check in (load_config, build_manager):
+        with pytest.raises(ConfigError) as info:
+            check(path)
+        message = str(info.value)
+        assert message.startswith(f"{path}:5: tiers[0].capacity_blocks: "), message
+        assert "positive int" in message
+        assert info.value.key == "tiers[0].capacity_blocks"
 
 
 def test_non_mapping_config_is_rejected() -> None:
@@ -446,3 +452,50 @@ def test_module_docstring_documents_every_key() -> None:
     for key in (*config_module._TOP_KEYS, *config_module._HOOK_KEYS):
         forms = (f"``{key}``", f"] {key}``", f"``[{key}]", f"``[[{key}]]")
         assert any(form in doc for form in forms), key
+
+
+def test_docstring_table_is_the_one_the_schema_generates() -> None:
+    """The table is written from the field declarations; regenerate it with
+    ``python -m kv_offload.config_schema`` when a key changes."""
+    assert docs_table() in (config_module.__doc__ or ""), docs_table()
+
+
+def test_stackconfig_defaults_are_the_declared_ones() -> None:
+    stack = load_config({})
+    for f in TOP_FIELDS:
+        if f.shown is not None:
+            assert getattr(stack, f.name) == f.default, f.name
+    for f in HOOK_FIELDS:
+        assert getattr(stack.hooks, f.name) == f.default, f.name
+    assert stack == StackConfig()
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"polcy": "lru"}, "polcy"),
+        ({"num_blocks": 0}, "num_blocks"),
+        ({"hooks": {"enable": "a"}}, "hooks.enable"),
+        (
+            {"block_size_bytes": 64, "tiers": [{"type": "example", "capacity": 1}]},
+            "tiers[0].capacity",
+        ),
+        ({"block_size_bytes": 64, "tiers": [{}]}, "tiers[0]"),
+        ({"tiers": [{"type": "example"}]}, "block_size_bytes"),
+    ],
+)
+def test_config_error_names_its_key(data: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(data)
+    assert info.value.key == key
+
+
+def test_location_comes_from_the_key_not_the_message(tmp_path: Path) -> None:
+    """A tier error whose message happens to mention another argument is still located at
+    the key it names through ``ConfigError.key``."""
+    path = tmp_path / "stack.toml"
+    path.write_text('block_size_bytes = 64\n\n[[tiers]]\ntype = "example"\ncapacity_blocks = 0\n')
+    with pytest.raises(ConfigError) as info:
+        build_manager(path)
+    assert info.value.key == "tiers[0].capacity_blocks"
+    assert str(info.value).startswith(f"{path}:5: tiers[0].capacity_blocks: ")

@@ -8,9 +8,10 @@ from typing import Any
 
 from .base import OffloadingManager
 from .config import StackConfig, hook_settings_error, load_config, tier_error
+from .config_resolve import memory_error
 from .cpu import CPUOffloadingManager
 from .errors import ConfigError, PluginSettingsError
-from .plugins import KVOffloadPluginManager, create_plugin_manager
+from .plugins import KVOffloadPluginManager
 from .tiering import (
     OffloadingConfig,
     SecondaryTierFactory,
@@ -31,19 +32,26 @@ def build_manager(
 
     Without tiers the result is a :class:`CPUOffloadingManager`; with tiers, a
     :class:`TieringOffloadingManager` whose CPU tier owns a KV buffer of
-    ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table
-    unless ``plugin_manager`` is given; a plugin's ``[hooks.<name>]`` settings go to its
+    ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table,
+    under the environment's precedence (:mod:`kv_offload.config_env`), unless
+    ``plugin_manager`` is given; a plugin's ``[hooks.<name>]`` settings go to its
     ``create_plugin``, whose errors (a port in use) are reported like validation errors.
     """
     stack = load_config(config)
+    try:
+        return _build(stack, plugin_manager)
+    except MemoryError:
+        raise memory_error(stack) from None
+
+
+def _build(
+    stack: StackConfig, plugin_manager: KVOffloadPluginManager | None
+) -> CPUOffloadingManager | TieringOffloadingManager:
     if plugin_manager is None:
+        selection = stack.hook_selection()
+        selection.warn(stacklevel=4)
         try:
-            plugin_manager = create_plugin_manager(
-                autoload=stack.hooks.autoload,
-                allow=stack.hooks.enable or None,
-                block=stack.hooks.block,
-                settings=stack.hooks.settings,
-            )
+            plugin_manager = selection.plugin_manager(stack.hooks.settings)
         except PluginSettingsError as exc:
             raise hook_settings_error(stack, exc) from exc
     primary = CPUOffloadingManager(

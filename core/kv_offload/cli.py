@@ -3,8 +3,10 @@
 Every failure a user can cause (missing file, malformed trace line, bad config, broken
 plugin) exits with status 2 and one line on stderr; ``--debug`` (before or after the command)
 shows the traceback. An unexpected error exits with status 1, also in one line unless
-``--debug``. Machine-readable output (``--json``) goes to stdout; progress bars go to stderr
-(shown on a terminal; ``--progress`` forces them, ``--no-progress`` hides them).
+``--debug``. ``--no-module-path`` (before or after the command) forbids every ``module_path``
+import whatever the config says, as ``KV_OFFLOAD_ALLOW_MODULE_PATH=0`` does. Machine-readable
+output (``--json``) goes to stdout; progress bars go to stderr (shown on a terminal;
+``--progress`` forces them, ``--no-progress`` hides them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from .base import OffloadingManager
 from .bounds import belady, gap_share, infinite
 from .build import build_manager
 from .config import DEFAULT_CONFIG, StackConfig, load_config, parse_config, resolve_config
+from .config_env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
+from .config_memory import human, physical_memory_bytes
+from .config_resolve import estimate_memory
 from .errors import KVOffloadError
 from .plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
 from .policies import CachePolicyFactory
@@ -140,6 +145,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     described["plugins"] = [_origin("policy", stack.policy)] + [
         _origin("tier", t.type) for t in stack.tiers
     ]
+    selection = stack.hook_selection()
+    described["hooks"]["will_load"] = selection.will_load()
+    described["hooks"]["environment_overrides"] = list(selection.overrides)
+    estimate = estimate_memory(stack)
+    described["memory"] = estimate.as_dict()
     if args.json:
         print(json.dumps(described, indent=2))
         return 0
@@ -165,13 +175,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     hooks = described["hooks"]
     print(
-        f"  hooks: autoload={hooks['autoload']}, enable={hooks['enable']}, block={hooks['block']}"
+        f"  hooks: autoload={selection.autoload}, enable={hooks['enable']}, "
+        f"block={sorted(selection.block)}; loading: {', '.join(hooks['will_load']) or 'none'}"
         + "".join(
             f"\n  [hooks.{name}]: {table}" for name, table in hooks.get("settings", {}).items()
         )
     )
-    if not stack.allow_module_path:
-        print("  module_path imports: forbidden")
+    for override in selection.overrides:
+        print(f"  hooks: environment: {override}")
+    physical = physical_memory_bytes()
+    of = f" (this machine has {human(physical)})" if physical else ""
+    print(f"  memory: {estimate.describe()}{of}")
+    if module_path_forbidden_by_env():
+        print(f"  module_path imports: forbidden ({ALLOW_MODULE_PATH_ENV}=0)")
+    elif not stack.allow_module_path:
+        print("  module_path imports: forbidden (allow_module_path = false)")
     return 0
 
 
@@ -492,9 +510,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="WARNING",
         help="what kv-offload and plugin loggers print to stderr (hook plugins often log)",
     )
+    parser.add_argument(
+        "--no-module-path",
+        action="store_true",
+        help=f"forbid module_path imports whatever the config says ({ALLOW_MODULE_PATH_ENV}=0)",
+    )
     # Global options work after the command too; SUPPRESS keeps them from resetting the above.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument("--no-module-path", action="store_true", default=argparse.SUPPRESS)
     common.add_argument(
         "--log-level",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -599,6 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.no_module_path:  # the process's own setting, so every import check sees it
+        os.environ[ALLOW_MODULE_PATH_ENV] = "0"
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -31,7 +31,17 @@ class KVOffloadError(Exception):
 
 
 class ConfigError(KVOffloadError, ValueError):
-    """A configuration value is missing, malformed or out of range."""
+    """A configuration value is missing, malformed or out of range.
+
+    ``key`` names the config key at fault as the message does (``num_blocks``,
+    ``hooks.enable``, ``tiers[0].capacity_blocks``; a tier's own check names just its
+    argument, ``capacity_blocks``), or is ``None`` when no single key is; locations
+    (``file:line``) are found from it, never from the message.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, **kwargs: str) -> None:
+        super().__init__(message, **kwargs)  # PluginSettingsError passes kind= and plugin=
+        self.key = key
 
 
 class ManagerError(KVOffloadError):

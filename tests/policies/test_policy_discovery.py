@@ -223,7 +223,7 @@ print(json.dumps({{
     }
     # The same sequence under LRU evicts differently, so the FIFO order above is the plugin's.
     assert policies["lru"] == {
-        "class": "kv_offload_lru:LRUCachePolicy",
+        "class": "kv_offload_lru.policy:LRUCachePolicy",
         "victims": [[], [2], [3]],
         "hits": [1, 4, 5],
     }

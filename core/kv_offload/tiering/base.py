@@ -13,6 +13,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -103,6 +104,24 @@ class SecondaryTierManager(ABC):
     @name.setter
     def name(self, value: str) -> None:
         self._name = value
+
+    @classmethod  # noqa: B027 - an optional hook, not an abstract method
+    def validate_arguments(cls, **arguments: Any) -> None:
+        """Check the tier's own config arguments, as written, without allocating anything.
+
+        Config validation (``kv-offload validate``, ``load_config``) calls this after checking
+        the names against the constructor's signature, so a value the constructor would reject
+        is caught before anything is built. Raise :class:`~kv_offload.ConfigError` with
+        ``key=`` the argument's name (the error is then located at that line); the default
+        accepts everything. A tier's ``__init__`` can call it too, to keep one rule.
+        """
+
+    @classmethod
+    def memory_bytes(cls, config: OffloadingConfig, **arguments: Any) -> int | None:
+        """At most how many bytes of this process's memory the tier will hold (for config
+        validation's memory estimate): ``0`` for a tier that keeps blocks elsewhere (disk,
+        a server), ``None`` for one with no bound. The default says ``0``."""
+        return 0
 
     @abstractmethod
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:

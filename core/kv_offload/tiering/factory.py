@@ -117,7 +117,9 @@ def check_tier_arguments(
     parameters = inspect.signature(tier_cls.__init__).parameters
     for key in arguments:
         if key in _RESERVED:
-            raise ConfigError(f"tier {tier_type!r}: {key!r} is set by kv-offload, not in config")
+            raise ConfigError(
+                f"tier {tier_type!r}: {key!r} is set by kv-offload, not in config", key=key
+            )
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
     accepted = [
@@ -130,7 +132,8 @@ def check_tier_arguments(
         if key not in accepted:
             raise ConfigError(
                 f"tier {tier_type!r} ({tier_cls.__module__}.{tier_cls.__qualname__}) has no "
-                f"argument {key!r}; it accepts: {', '.join(accepted) or 'no arguments'}"
+                f"argument {key!r}; it accepts: {', '.join(accepted) or 'no arguments'}",
+                key=key,
             )
     required = [
         name

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -42,20 +43,31 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
         capacity_blocks: int | None = None,
     ) -> None:
         super().__init__(config, primary_kv_view, tier_type)
+        self.validate_arguments(capacity_blocks=capacity_blocks)
+        self.capacity_blocks = capacity_blocks
+        self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
+        self._rows: OrderedDict[OffloadKey, npt.NDArray[np.uint8]] = OrderedDict()
+        self._spare: list[npt.NDArray[np.uint8]] = []
+        self._finished: list[JobResult] = []
+
+    @classmethod
+    def validate_arguments(cls, capacity_blocks: object = None, **arguments: Any) -> None:
         if capacity_blocks is not None and (
             isinstance(capacity_blocks, bool)
             or not isinstance(capacity_blocks, int)
             or capacity_blocks <= 0
         ):
             raise ConfigError(
-                f"tier {tier_type!r}: capacity_blocks must be a positive int or unset, "
-                f"got {capacity_blocks!r}"
+                f"tier 'example': capacity_blocks must be a positive int or unset, "
+                f"got {capacity_blocks!r}",
+                key="capacity_blocks",
             )
-        self.capacity_blocks = capacity_blocks
-        self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
-        self._rows: OrderedDict[OffloadKey, npt.NDArray[np.uint8]] = OrderedDict()
-        self._spare: list[npt.NDArray[np.uint8]] = []
-        self._finished: list[JobResult] = []
+
+    @classmethod
+    def memory_bytes(cls, config: OffloadingConfig, **arguments: Any) -> int | None:
+        """Rows of ``block_size_bytes`` for each of ``capacity_blocks``; unbounded if unset."""
+        capacity = arguments.get("capacity_blocks")
+        return None if capacity is None else capacity * config.block_size_bytes
 
     def __len__(self) -> int:
         return len(self._rows)

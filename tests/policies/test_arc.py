@@ -1,20 +1,18 @@
 """ARC policy (kv-offload-arc): ARC's rules, the evict() contract, and use through the manager.
 
 Most tests drive the policy directly with blocks bound to a local ref-count table, the way the
-manager does, so every rule can be checked against exact list contents. A small reference
-implementation of the same adapted ARC, written for clarity rather than speed, checks the
-optimised structures on long random workloads.
+manager does, so every rule can be checked against exact list contents. The shipped reference
+implementation of the same adapted ARC (``kv_offload_arc.reference``), written for clarity
+rather than speed, checks the optimised structures on long random workloads.
 """
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Iterable
 
-import kv_offload_arc
 import pytest
-from _policies import CTX, Blocks, k, match_reference
+from _policy_harness import CTX, Blocks, k, match_reference
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
@@ -22,7 +20,9 @@ from kv_offload import (
     ReqContext,
 )
 from kv_offload.block_status import BlockStatus
+from kv_offload.policies import key_queue
 from kv_offload_arc import ARCCachePolicy
+from kv_offload_arc.reference import ReferenceARCCachePolicy
 
 
 class Harness:
@@ -92,7 +92,7 @@ def check_invariants(policy: ARCCachePolicy) -> None:
     for key in b1 + b2:
         assert policy.get(key) is None
     # Each queue holds its live keys plus exactly the tombstones it counts.
-    for queue, live in ((policy._t1, t1), (policy._b1_order, b1), (policy._b2_order, b2)):
+    for queue, live in ((policy._t1, t1), (policy._b1._queue, b1), (policy._b2._queue, b2)):
         assert len(queue.order) == len(live) + sum(queue.stale.values())
 
 
@@ -430,117 +430,11 @@ def test_tombstones_never_outgrow_the_live_keys() -> None:
             h.store([k(100_000 + i)])
     live_t1 = len(h.policy.t1)
     queue = h.policy._t1.order
-    assert len(queue) - live_t1 <= live_t1 // 4 + kv_offload_arc._COMPACT_SLACK
-    check_invariants(h.policy)
-
-
-def test_reinserting_a_resident_key_replaces_it() -> None:
-    h = Harness(4)
-    h.store([k(1), k(2)])
-    h.policy.touch([k(2)], CTX)
-    blocks = Blocks(10)
-    new1, new2 = blocks.new(), blocks.new()
-    h.policy.insert_many([k(1), k(2)], [new1, new2])
-    assert h.policy.t1 == [k(1), k(2)] and h.policy.t2 == []
-    assert h.policy.get(k(1)) is new1 and h.policy.get(k(2)) is new2
-    assert len(h.policy) == 2
-    check_invariants(h.policy)
-
-
-def test_a_batch_repeating_a_key_lists_it_once() -> None:
-    h = Harness(6)
-    h.store([k(1), k(2), k(3)])
-    h.policy.touch([k(3)], CTX)
-    blocks = Blocks(10)
-    b = [blocks.new() for _ in range(5)]
-    h.policy.insert_many([k(4), k(3), k(4), k(1), k(5)], b)
-    assert h.policy.t1 == [k(2), k(3), k(4), k(1), k(5)]
-    assert h.policy.t2 == []
-    assert h.policy.get(k(4)) is b[2] and h.policy.get(k(3)) is b[1]
-    assert len(h.policy) == 5
-    check_invariants(h.policy)
-    # The same through the one-by-one path (a ghost in the batch).
-    h.policy.evict(1, set())  # k2 -> B1
-    h.policy.insert_many([k(6), k(2), k(6)], [blocks.new() for _ in range(3)])
-    assert h.policy.t1 == [k(3), k(4), k(1), k(5), k(6)]
-    assert h.policy.t2 == [k(2)] and h.policy.p == 1.0
+    assert len(queue) - live_t1 <= live_t1 // 8 + key_queue.COMPACT_SLACK
     check_invariants(h.policy)
 
 
 # -- the optimised structures against a plain reference ----------------------------------
-
-
-class ReferenceARC:
-    """The same adapted ARC on four OrderedDicts, one rule per line."""
-
-    def __init__(self, c: int) -> None:
-        self.c = c
-        self.p = 0.0
-        self.t1: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
-        self.t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
-        self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
-        self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
-
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self.t1[key] if key in self.t1 else self.t2.get(key)
-
-    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self.t1.pop(key, None)
-        self.t2.pop(key, None)
-        if key in self.b1:
-            self.p = min(self.c, self.p + max(1.0, len(self.b2) / len(self.b1)))
-            del self.b1[key]
-            self.t2[key] = block
-        elif key in self.b2:
-            self.p = max(0.0, self.p - max(1.0, len(self.b1) / len(self.b2)))
-            del self.b2[key]
-            self.t2[key] = block
-        else:
-            self.t1[key] = block
-        while len(self.t1) + len(self.b1) > self.c:
-            self.b1.popitem(last=False)
-        while len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2) > 2 * self.c:
-            (self.b2 or self.b1).popitem(last=False)
-
-    def touch(self, keys: list[OffloadKey]) -> None:
-        for key in reversed(keys):
-            if key in self.t2:
-                self.t2.move_to_end(key)
-            elif key in self.t1:
-                self.t2[key] = self.t1.pop(key)
-
-    def remove(self, key: OffloadKey) -> None:
-        self.t1.pop(key, None)
-        self.t2.pop(key, None)
-
-    def clear(self) -> None:
-        self.__init__(self.c)  # type: ignore[misc]
-
-    def evict(
-        self, n: int, protected: set[OffloadKey]
-    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        def idle(lst: OrderedDict[OffloadKey, BlockStatus]) -> list[OffloadKey]:
-            return [key for key, b in lst.items() if b.ref_cnt == 0 and key not in protected]
-
-        cand1, cand2 = idle(self.t1), idle(self.t2)
-        taken1: list[OffloadKey] = []
-        taken2: list[OffloadKey] = []
-        for _ in range(n):
-            prefer_t1 = len(self.t1) - len(taken1) > self.p
-            if (prefer_t1 or not cand2) and cand1:
-                taken1.append(cand1.pop(0))
-            elif cand2:
-                taken2.append(cand2.pop(0))
-            else:
-                return None
-        victims = [(key, self.t1.pop(key)) for key in taken1]
-        victims += [(key, self.t2.pop(key)) for key in taken2]
-        self.b1.update(dict.fromkeys(taken1))
-        self.b2.update(dict.fromkeys(taken2))
-        return victims
-
-    def state(self) -> tuple[object, ...]:
-        return (self.p, list(self.t1), list(self.t2), list(self.b1), list(self.b2))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -549,14 +443,15 @@ def test_matches_the_reference_on_random_workloads(
     seed: int, compact_slack: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Without slack the tombstone queues rebuild themselves often, which must be invisible.
-    monkeypatch.setattr(kv_offload_arc, "_COMPACT_SLACK", compact_slack)
+    monkeypatch.setattr(key_queue, "COMPACT_SLACK", compact_slack)
     c = random.Random(seed).choice((3, 8, 25))
     policy = ARCCachePolicy(c)
-    ref = ReferenceARC(c)
+    ref = ReferenceARCCachePolicy(c)
 
     def same_state() -> None:
-        assert (policy.p, policy.t1, policy.t2, policy.b1, policy.b2) == ref.state()
-        assert len(policy) == len(ref.t1) + len(ref.t2)
+        expected = (ref.p, list(ref.t1), list(ref.t2), list(ref.b1), list(ref.b2))
+        assert (policy.p, policy.t1, policy.t2, policy.b1, policy.b2) == expected
+        assert len(policy) == len(ref)
         check_invariants(policy)
 
     match_reference(policy, ref, c, seed, same_state)

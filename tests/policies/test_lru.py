@@ -1,22 +1,21 @@
 """LRU policy (kv-offload-lru): exact LRU order, the evict() contract, bounded bookkeeping.
 
-The policy keeps its order in a queue with lazy deletion, so most tests check it against a
-reference LRU on one ``OrderedDict``, written for clarity rather than speed, including with
-the queue rebuilding itself on every touch.
+The policy keeps its order in the core's lazy-deletion key queue, so most tests check it
+against the shipped reference LRU on one ``OrderedDict`` (``kv_offload_lru.reference``),
+including with the queue rebuilding itself on every call.
 """
 
 from __future__ import annotations
 
 import random
 import sys
-from collections import OrderedDict
 
-import kv_offload_lru
 import pytest
-from _policies import CTX, Blocks, k, match_reference
+from _policy_harness import CTX, Blocks, k, match_reference
 from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
-from kv_offload.block_status import BlockStatus
+from kv_offload.policies import key_queue
 from kv_offload_lru import LRUCachePolicy
+from kv_offload_lru.reference import ReferenceLRUCachePolicy
 
 
 def filled(keys: list[int], blocks: Blocks) -> LRUCachePolicy:
@@ -27,20 +26,14 @@ def filled(keys: list[int], blocks: Blocks) -> LRUCachePolicy:
 
 def order(policy: LRUCachePolicy) -> list[OffloadKey]:
     """Resident keys, least recent first, read off the queue's live entries."""
-    live: list[OffloadKey] = []
-    pending = dict(policy._stale)
-    for key in policy._order:
-        if pending.get(key):
-            pending[key] -= 1
-        else:
-            live.append(key)
-    return live
+    return policy.order
 
 
 def check_invariants(policy: LRUCachePolicy) -> None:
     """Every resident key has exactly one live entry (its last); every other entry is stale."""
-    assert len(policy._order) - len(policy) == sum(policy._stale.values())
-    assert all(count > 0 for count in policy._stale.values())
+    queue = policy._queue
+    assert len(queue.order) - len(policy) == sum(queue.stale.values())
+    assert all(count > 0 for count in queue.stale.values())
     assert sorted(order(policy)) == sorted(policy._blocks)
 
 
@@ -102,16 +95,7 @@ def test_remove_then_reinsert_starts_a_fresh_entry() -> None:
     assert policy.get(k(1)) is new and order(policy) == [k(2), k(3), k(1)]
     victims = policy.evict(3, set())
     assert victims is not None and [key for key, _ in victims] == [k(2), k(3), k(1)]
-    assert len(policy._order) == 0 and not policy._stale
-
-
-def test_reinserting_a_resident_key_replaces_it() -> None:
-    blocks = Blocks(10)
-    policy = filled([1, 2], blocks)
-    new = blocks.new()
-    policy.insert(k(1), new)
-    assert policy.get(k(1)) is new and order(policy) == [k(2), k(1)] and len(policy) == 2
-    check_invariants(policy)
+    assert len(policy._queue) == 0 and not policy._queue.stale
 
 
 def test_clear_forgets_everything() -> None:
@@ -119,14 +103,15 @@ def test_clear_forgets_everything() -> None:
     policy.touch([k(1)], CTX)
     policy.clear()
     assert len(policy) == 0 and policy.get(k(1)) is None
-    assert not policy._order and not policy._stale
+    assert not policy._queue.order and not policy._queue.stale
 
 
 def test_a_hot_key_touched_forever_keeps_the_queue_bounded() -> None:
     policy = filled(list(range(100)), Blocks(200))
     for _ in range(20_000):
         policy.touch([k(7)], CTX)
-    assert len(policy._order) <= len(policy) + len(policy) // 8 + kv_offload_lru._COMPACT_SLACK + 1
+    bound = len(policy) + len(policy) // 8 + key_queue.COMPACT_SLACK + 1
+    assert len(policy._queue) <= bound
     assert order(policy)[-1] == k(7) and order(policy)[0] == k(0)
     check_invariants(policy)
 
@@ -134,53 +119,16 @@ def test_a_hot_key_touched_forever_keeps_the_queue_bounded() -> None:
 # -- against a plain reference ---------------------------------------------------------
 
 
-class ReferenceLRU:
-    """The same contract on one OrderedDict, one rule per line."""
-
-    def __init__(self) -> None:
-        self.blocks: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
-
-    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self.blocks.pop(key, None)
-        self.blocks[key] = block
-
-    def touch(self, keys: list[OffloadKey]) -> None:
-        for key in reversed(keys):
-            if key in self.blocks:
-                self.blocks.move_to_end(key)
-
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        return self.blocks.get(key)
-
-    def remove(self, key: OffloadKey) -> None:
-        self.blocks.pop(key, None)
-
-    def clear(self) -> None:
-        self.blocks.clear()
-
-    def evict(
-        self, n: int, protected: set[OffloadKey]
-    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        idle = [
-            (key, b) for key, b in self.blocks.items() if b.ref_cnt == 0 and key not in protected
-        ]
-        if len(idle) < n:
-            return None
-        for key, _ in idle[:n]:
-            del self.blocks[key]
-        return idle[:n]
-
-
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("compact_slack", [-sys.maxsize, 256])
 def test_matches_the_reference_on_random_workloads(
     seed: int, compact_slack: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # With no slack at all the queue rebuilds itself on every touch, which must be invisible.
-    monkeypatch.setattr(kv_offload_lru, "_COMPACT_SLACK", compact_slack)
+    # With no slack at all the queue rebuilds itself on every call, which must be invisible.
+    monkeypatch.setattr(key_queue, "COMPACT_SLACK", compact_slack)
     c = random.Random(seed).choice((3, 8, 25))
     policy = LRUCachePolicy(c)
-    ref = ReferenceLRU()
+    ref = ReferenceLRUCachePolicy(c)
 
     def same_state() -> None:
         assert order(policy) == list(ref.blocks)

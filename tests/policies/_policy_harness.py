@@ -1,10 +1,10 @@
-"""Helpers for tests that drive a policy directly, the way the manager does."""
+"""Helpers for tests that drive a policy directly, the way the manager does, and hold it to
+its reference implementation (``kv_offload_lru.reference``, ``kv_offload_arc.reference``)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Protocol
 
 from kv_offload import CachePolicy, OffloadKey, ReqContext, make_offload_key
 from kv_offload.block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
@@ -32,29 +32,17 @@ class Blocks:
         return block
 
 
-class Reference(Protocol):
-    """A policy written for clarity, not speed, that the optimised one must match."""
-
-    def get(self, key: OffloadKey) -> BlockStatus | None: ...
-    def insert(self, key: OffloadKey, block: BlockStatus) -> None: ...
-    def touch(self, keys: list[OffloadKey]) -> None: ...
-    def remove(self, key: OffloadKey) -> None: ...
-    def clear(self) -> None: ...
-    def evict(
-        self, n: int, protected: set[OffloadKey]
-    ) -> list[tuple[OffloadKey, BlockStatus]] | None: ...
-
-
 def match_reference(
     policy: CachePolicy,
-    ref: Reference,
+    ref: CachePolicy,
     capacity: int,
     seed: int,
     same_state: Callable[[], None],
     steps: int = 3000,
 ) -> None:
-    """Random stores, touches, evictions, pins, removals and clears on both; after every
-    step the victims, the blocks ``get`` returns and ``same_state()`` must agree."""
+    """Random stores, touches, evictions, pins, removals and clears on both, each call as the
+    manager makes it (stored keys distinct and absent); after every step the victims, the
+    blocks ``get`` returns and ``same_state()`` must agree."""
     rng = random.Random(seed)
     blocks = Blocks(100_000)
     universe = rng.choice((2 * capacity, 5 * capacity))
@@ -79,7 +67,7 @@ def match_reference(
                     ref.insert(key, block)
         elif op < 0.72:
             policy.touch(keys, CTX)
-            ref.touch(keys)
+            ref.touch(keys, CTX)
         elif op < 0.82:
             n = rng.randrange(1, 4)
             assert policy.evict(n, set(keys)) == ref.evict(n, set(keys))

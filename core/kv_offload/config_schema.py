@@ -1,0 +1,233 @@
+"""Every config key, declared once: name, type, default, meaning and the rule its value obeys.
+
+Everything else about config keys is derived from :data:`TOP_FIELDS`, :data:`HOOK_FIELDS`
+and :data:`TIER_FIELDS`: the table in :mod:`kv_offload.config`'s docstring (a test compares it
+with :func:`docs_table`; ``python -m kv_offload.config_schema`` prints it), the known-key sets
+behind "unknown key; did you mean ...", the per-key checks, the defaults of
+:class:`~kv_offload.config.StackConfig` and what ``describe()`` (``kv-offload validate``)
+shows. Rules that relate two keys (``num_blocks`` or ``cpu_bytes``, tiers needing
+``block_size_bytes``) live with the parser, which applies them after the per-key checks.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "Field",
+    "Invalid",
+    "REQUIRED",
+    "TOP_FIELDS",
+    "HOOK_FIELDS",
+    "TIER_FIELDS",
+    "TABLES",
+    "docs_table",
+]
+
+
+class Invalid(ValueError):
+    """A value broke its key's rule; the message says how (``must be > 0, got 0``)."""
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+#: The default of a key that must be set.
+REQUIRED: Final = _Required()
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """A value check: ``check(value)`` returns the value to keep or raises :class:`Invalid`."""
+
+    type_text: str
+    check: Callable[[Any], Any]
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Invalid(f"must be an integer, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise Invalid(f"must be > 0, got {value}")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise Invalid(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid(f"must be true or false, got {value!r}")
+    return value
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise Invalid(f"must be a list of plugin names, got {value!r}")
+    return tuple(value)
+
+
+POSITIVE_INT = _Rule("int > 0", _positive_int)
+NAME = _Rule("str", _name)
+BOOLEAN = _Rule("bool", _boolean)
+NAMES = _Rule("list[str]", _names)
+ANY = _Rule("any", lambda value: value)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config key.
+
+    ``default`` is the value an absent key takes (``None``: unset, :data:`REQUIRED`: must be
+    given). ``shown`` is the section of ``describe()`` that reports it: ``"cpu"``, ``""`` for
+    the top level, ``None`` for an input folded into another key (``cpu_bytes``).
+    """
+
+    name: str
+    rule: _Rule
+    default: Any
+    description: str
+    shown: str | None = ""
+
+    def check(self, value: Any) -> Any:
+        """The value to keep for ``value`` as written (``None`` leaves an optional key unset)."""
+        if value is None and self.default is None:
+            return None
+        return self.rule.check(value)
+
+
+TOP_FIELDS: Final[tuple[Field, ...]] = (
+    Field(
+        "num_blocks",
+        POSITIVE_INT,
+        20000,
+        "CPU tier size in blocks (or use ``cpu_bytes``)",
+        shown="cpu",
+    ),
+    Field(
+        "cpu_bytes",
+        POSITIVE_INT,
+        None,
+        "CPU tier size in bytes; needs ``block_size_bytes``; exclusive with ``num_blocks``",
+        shown=None,
+    ),
+    Field(
+        "block_size_bytes",
+        POSITIVE_INT,
+        None,
+        "bytes per block; gives the CPU tier a KV buffer; required when ``tiers`` is non-empty",
+        shown="cpu",
+    ),
+    Field("policy", NAME, "lru", "eviction policy plugin name", shown="cpu"),
+    Field(
+        "policy_module_path",
+        NAME,
+        None,
+        "module defining the class named ``policy`` (out-of-tree fallback)",
+        shown="cpu",
+    ),
+    Field(
+        "allow_module_path",
+        BOOLEAN,
+        True,
+        "false forbids every ``module_path`` import",
+    ),
+    Field("enable_events", BOOLEAN, False, "record ``OffloadingEvent`` batches", shown="cpu"),
+)
+
+HOOK_FIELDS: Final[tuple[Field, ...]] = (
+    Field("autoload", BOOLEAN, True, "load ``kv_offload.hooks`` entry points"),
+    Field("enable", NAMES, (), "only these hook plugins load (empty: all)"),
+    Field("block", NAMES, (), "these hook plugins never load"),
+)
+
+TIER_FIELDS: Final[tuple[Field, ...]] = (
+    Field("type", NAME, REQUIRED, "secondary tier plugin name, in cascade order"),
+    Field(
+        "name",
+        NAME,
+        None,
+        "what stats, events and hooks call the tier (default: the type); unique; unnamed "
+        "repeats of a type are ``<position>:<type>`` (``1:fs``, ``2:fs``)",
+    ),
+    Field("module_path", NAME, None, "module defining the class named ``type``"),
+)
+
+#: Top-level keys that hold tables: ``[hooks]`` (one table), ``[[tiers]]`` (a list of them).
+TABLES: Final[dict[str, tuple[Field, ...]]] = {"hooks": HOOK_FIELDS, "tiers": TIER_FIELDS}
+
+#: Rows documenting keys no field declares: what plugins define for themselves.
+_HOOK_SETTINGS_ROW = (
+    "``[hooks.<name>]``",
+    "table",
+    "unset",
+    "settings of hook plugin ``<name>``, checked by the plugin's ``parse_settings`` (see "
+    "``kv_offload.hooks``)",
+)
+_TIER_ARGUMENTS_ROW = ("``[[tiers]] <other>``", "any", "", "the tier's own constructor arguments")
+
+_MEANING_WIDTH = 46
+
+
+def _default_text(default: Any) -> str:
+    if default is REQUIRED:
+        return "required"
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if isinstance(default, str):
+        return f'"{default}"'
+    if isinstance(default, tuple):
+        return "[]" if not default else repr(list(default))
+    return str(default)
+
+
+def _rows() -> list[tuple[str, str, str, str]]:
+    rows = [
+        (f"``{f.name}``", f.rule.type_text, _default_text(f.default), f.description)
+        for f in TOP_FIELDS
+    ]
+    for table, fields in TABLES.items():
+        header = f"[[{table}]]" if table == "tiers" else f"[{table}]"
+        rows += [
+            (f"``{header} {f.name}``", f.rule.type_text, _default_text(f.default), f.description)
+            for f in fields
+        ]
+        if table == "hooks":
+            rows.append(_HOOK_SETTINGS_ROW)
+    rows.append(_TIER_ARGUMENTS_ROW)
+    return rows
+
+
+def docs_table() -> str:
+    """The reStructuredText table of every key, as :mod:`kv_offload.config` documents it."""
+    rows = _rows()
+    header = ("key", "type", "default", "meaning")
+    widths = [max(len(row[i]) for row in [*rows, header]) for i in range(3)]
+    widths.append(_MEANING_WIDTH)
+    rule = "  ".join("=" * w for w in widths)
+    indent = " " * (sum(widths[:3]) + 6)
+
+    def line(cells: tuple[str, ...]) -> list[str]:
+        meaning = textwrap.wrap(cells[3], _MEANING_WIDTH) or [""]
+        first = "  ".join(c.ljust(w) for c, w in zip(cells[:3], widths)) + "  " + meaning[0]
+        return [first.rstrip()] + [indent + more for more in meaning[1:]]
+
+    out = [rule, *line(header), rule]
+    for row in rows:
+        out += line(row)
+    out.append(rule)
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(docs_table())

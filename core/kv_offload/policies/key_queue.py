@@ -1,0 +1,191 @@
+"""A queue of keys, oldest first, with lazy deletion: the recency order of LRU and of ARC's lists.
+
+Fast-path module. Guarded by the reference implementations ``kv_offload_lru.reference`` and
+``kv_offload_arc.reference`` (plain ``OrderedDict`` policies the tests replay random workloads
+against, step by step: ``tests/policies/``) and by ``benchmarks/replay.py`` (throughput) and
+``benchmarks/memory.py`` (bytes per resident block).
+
+Why not an ``OrderedDict``: once eviction churn has resized it, it costs a linked node per key
+and a node table as large as its hash table, 120 to 195 bytes per key; a ``deque`` of key
+references costs 8. The price is that removing a key from the middle (a touch in LRU, a
+promotion or a ghost hit in ARC) cannot unlink it: the entry stays and becomes a *tombstone*,
+counted in ``stale``. A key is only appended when it (re)joins the queue, so its tombstones
+always precede its one live entry, and reading from the front tells them apart by the count
+alone. Membership is the owner's business (the dict or set it already has).
+
+One threshold rule bounds the tombstones, applied by the queue itself whenever it makes one:
+it rebuilds once they pass an eighth of the live keys plus :data:`COMPACT_SLACK`, which keeps
+the rebuild's linear cost constant per tombstone and small caches from rebuilding every call.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator
+from itertools import filterfalse, islice, repeat, starmap
+from operator import add
+from typing import Any, Generic, Protocol, TypeVar
+
+__all__ = ["KeyQueue", "COMPACT_SLACK"]
+
+#: Tombstones a queue may hold beyond an eighth of its live keys before it is rebuilt.
+COMPACT_SLACK = 256
+
+_NO_ARGS = ()
+# Drains an iterator at C speed, for maps run only for their side effects.
+_consume = deque[object](maxlen=0).extend
+
+K = TypeVar("K", bound=Hashable)
+_NO_TOMBSTONES: dict[Any, int] = {}  # what peek_front passed when it met none; never written
+
+
+class Membership(Protocol):
+    """What an owner's record of live keys offers: ``len`` and ``in`` (a dict, a set)."""
+
+    def __len__(self) -> int: ...
+    def __contains__(self, key: object, /) -> bool: ...
+
+
+class KeyQueue(Generic[K]):
+    """Keys oldest first; any key leaves in O(1) by leaving a tombstone behind.
+
+    * ``order``: every entry, live or tombstone, oldest first;
+    * ``stale[key]``: how many of ``key``'s entries are tombstones (absent means none);
+    * ``members`` (and not in ``unless``): the owner's own record of which keys are live, read
+      only when the queue rebuilds itself. The owner updates it *before* it tells the queue a
+      key left (:meth:`forget`), so a rebuild never revives a key on its way out.
+    """
+
+    __slots__ = ("members", "order", "stale", "unless")
+
+    def __init__(self, members: Membership, unless: Membership | None = None) -> None:
+        self.members = members
+        self.unless = unless
+        self.order: deque[K] = deque()
+        self.stale: dict[K, int] = {}
+
+    def __len__(self) -> int:
+        """Entries, tombstones included (the owner knows how many keys are live)."""
+        return len(self.order)
+
+    def extend(self, keys: Iterable[K]) -> None:
+        """Append keys that are not in the queue (no live entry), newest last."""
+        self.order.extend(keys)
+
+    def requeue(self, keys: Iterable[K]) -> None:
+        """Move the live ones of ``keys`` to the back, in order (the others are ignored): each
+        one's live entry becomes a tombstone."""
+        members = self.members
+        stale = self.stale
+        get = stale.get
+        append = self.order.append
+        moved = False
+        for key in keys:
+            if key in members:
+                stale[key] = get(key, 0) + 1
+                append(key)
+                moved = True
+        if moved:
+            self._compact_if_sparse()
+
+    def forget(self, key: K) -> None:
+        """The live entry of ``key`` becomes a tombstone."""
+        stale = self.stale
+        stale[key] = stale.get(key, 0) + 1
+        self._compact_if_sparse()
+
+    def forget_many(self, keys: list[K]) -> None:
+        """:meth:`forget` for distinct ``keys``, in one C-level pass."""
+        stale = self.stale
+        stale.update(zip(keys, map(add, map(stale.get, keys, repeat(0)), repeat(1))))
+        self._compact_if_sparse()
+
+    def peek_front(self, count: int) -> tuple[list[K], int, dict[K, int]]:
+        """The ``count`` oldest live keys (the caller knows there are that many), how many
+        entries lead up to the last of them, and how many tombstones of each key are among
+        those entries; nothing changes. :meth:`drop_front` takes the last two."""
+        order = self.order
+        stale = self.stale
+        front = list(islice(order, count))
+        if not stale or stale.keys().isdisjoint(front):
+            return front, count, _NO_TOMBSTONES
+        live: list[K] = []
+        append = live.append
+        get = stale.get
+        passed: dict[K, int] = {}
+        seen = passed.get
+        entries = 0
+        chunk = front
+        while True:
+            for key in chunk:
+                dead = get(key)
+                if dead is None:
+                    append(key)
+                else:
+                    times = seen(key, 0)
+                    if times < dead:
+                        passed[key] = times + 1
+                    else:
+                        append(key)
+            entries += len(chunk)
+            missing = count - len(live)
+            if not missing:  # the chunk was all live, so its last entry is the count-th
+                return live, entries, passed
+            chunk = list(islice(order, entries, entries + missing))
+            if not chunk:
+                raise RuntimeError("key queue holds fewer live keys than its owner counts")
+
+    def drop_front(self, entries: int, tombstones: dict[K, int]) -> None:
+        """Remove the ``entries`` oldest entries, which hold ``tombstones`` (both as
+        :meth:`peek_front` counted them): the live ones leave, the tombstones are forgotten."""
+        _consume(starmap(self.order.popleft, repeat(_NO_ARGS, entries)))
+        if tombstones:
+            stale = self.stale
+            for key, times in tombstones.items():
+                left = stale[key] - times
+                if left:
+                    stale[key] = left
+                else:
+                    del stale[key]
+
+    def pop_front(self, count: int) -> list[K]:
+        """Remove and return the ``count`` oldest live keys (the caller knows there are that
+        many), dropping the tombstones met on the way."""
+        live, entries, tombstones = self.peek_front(count)
+        self.drop_front(entries, tombstones)
+        return live
+
+    def __iter__(self) -> Iterator[K]:
+        """Live keys, oldest first; the queue must not change while this runs."""
+        stale = self.stale
+        if not stale:
+            yield from self.order
+            return
+        passed: dict[K, int] = {}
+        for key in self.order:
+            dead = stale.get(key)
+            if dead is not None and passed.get(key, 0) < dead:
+                passed[key] = passed.get(key, 0) + 1
+            else:
+                yield key
+
+    def _compact_if_sparse(self) -> None:
+        """Rebuild without tombstones once there are more than ``live // 8 + COMPACT_SLACK``.
+
+        A rebuild needs no counts: a live key's entry is its last one, and the owner's
+        membership says which keys are live.
+        """
+        unless = self.unless
+        live = len(self.members) - (len(unless) if unless is not None else 0)
+        order = self.order
+        if len(order) - live > (live >> 3) + COMPACT_SLACK:
+            latest = reversed(dict.fromkeys(reversed(order)))
+            kept: Iterator[K] = filter(self.members.__contains__, latest)
+            if unless is not None:
+                kept = filterfalse(unless.__contains__, kept)
+            self.order = deque(kept)
+            self.stale.clear()
+
+    def clear(self) -> None:
+        self.order.clear()
+        self.stale.clear()

@@ -1,0 +1,108 @@
+"""The LRU policy on a dict of resident blocks and a lazy-deletion key queue.
+
+Touching a block re-queues its key instead of moving it: the key's older entry becomes a
+tombstone, dropped when it reaches the front (or when the queue is rebuilt). Inserts and the
+common eviction, the bulk of the work, never create tombstones and run as whole-batch C calls.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from itertools import islice
+from operator import attrgetter
+
+from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
+from kv_offload.policies.key_queue import KeyQueue
+
+__all__ = ["LRUCachePolicy"]
+
+_ref_cnt = attrgetter("ref_cnt")
+# Drains an iterator at C speed, for maps run only for their side effects.
+_consume = deque[object](maxlen=0).extend
+
+_Victims = list[tuple[OffloadKey, BlockStatus]]
+
+
+class LRUCachePolicy(CachePolicy):
+    """Evicts the least recently stored or touched idle block.
+
+    * ``_blocks``: key -> status of every resident block; ``get`` is its bound C ``get``, so
+      the manager's per-key lookups never enter a Python frame;
+    * ``_queue``: resident keys, least recent first (plus tombstones).
+
+    As the manager guarantees, inserted keys are distinct and not resident.
+    """
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self._blocks: dict[OffloadKey, BlockStatus] = {}
+        self._queue: KeyQueue[OffloadKey] = KeyQueue(self._blocks)
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self._blocks.get(key)
+
+    def fast_get(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._blocks.get  # never rebound: cleared and mutated in place
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def order(self) -> list[OffloadKey]:
+        """Resident keys, least recent first (a snapshot)."""
+        return list(self._queue)
+
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self.insert_many([key], [block])
+
+    def insert_many(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
+        """Add absent, distinct keys as the most recent, in order."""
+        self._blocks.update(zip(keys, blocks))
+        self._queue.extend(keys)
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # Reversed, so the first key of a request (the shared prefix) ends up most recent.
+        self._queue.requeue(reversed(keys if type(keys) is list else list(keys)))
+
+    def remove(self, key: OffloadKey) -> None:
+        if self._blocks.pop(key, None) is not None:
+            self._queue.forget(key)
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> _Victims | None:
+        """The ``n`` least recent idle, unprotected blocks, or ``None``: peek, check, commit."""
+        if n <= 0:
+            return []
+        resident = self._blocks
+        if n > len(resident):
+            return None
+        queue = self._queue
+        # The common case: the n oldest are idle and unprotected; checked with C-level maps.
+        front, entries, tombstones = queue.peek_front(n)
+        blocks = list(map(resident.__getitem__, front))
+        if not any(map(_ref_cnt, blocks)) and protected.isdisjoint(front):
+            queue.drop_front(entries, tombstones)
+            _consume(map(resident.__delitem__, front))
+            return list(zip(front, blocks))
+        return self._evict_scanning(n, protected)
+
+    def _evict_scanning(self, n: int, protected: set[OffloadKey]) -> _Victims | None:
+        """Oldest first, stepping over busy or protected blocks, which keep their place."""
+        resident = self._blocks
+        idle = (
+            (key, block)
+            for key in self._queue
+            if (block := resident[key]).ref_cnt == 0 and key not in protected
+        )
+        victims = list(islice(idle, n))
+        if len(victims) < n:
+            return None
+        # The generator is abandoned here, before anything it iterates over changes.
+        keys = [key for key, _ in victims]
+        _consume(map(resident.__delitem__, keys))
+        self._queue.forget_many(keys)  # after they left _blocks, which says who is live
+        return victims
+
+    def clear(self) -> None:
+        self._blocks.clear()
+        self._queue.clear()
