@@ -181,6 +181,8 @@ class CPUOffloadingManager:
         self._mark_evictable = _overridden(policy, "mark_evictable")
         self._mark_non_evictable = _overridden(policy, "mark_non_evictable")
         self._on_request_finished = _overridden(policy, "on_request_finished")
+        self._on_request_access = _overridden(policy, "on_request_access")
+        self._on_store_miss = _overridden(policy, "on_store_miss")
         self._num_allocated = 0
         self._free: list[BlockStatus] = []
         self._num_evictable = 0
@@ -323,7 +325,10 @@ class CPUOffloadingManager:
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
-        return CPULoadStoreSpec(self.pin(keys, req_context, "prepare_load"))
+        spec = CPULoadStoreSpec(self.pin(keys, req_context, "prepare_load"))
+        if self._on_request_access is not None:
+            self._on_request_access(keys if type(keys) is list else list(keys), req_context)
+        return spec
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
@@ -428,6 +433,8 @@ class CPUOffloadingManager:
         if self._closed:
             self._check_open("prepare_store")
         key_list, key_set, blocks = self._batch(keys, req_context, "prepare_store")
+        if self._on_request_access is not None:
+            self._on_request_access(key_list, req_context)
         if protected:
             key_set = key_set.union(protected)
         count = blocks.count(None)
@@ -442,6 +449,8 @@ class CPUOffloadingManager:
             count = len(to_store)
             if not count:
                 return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
+        if self._on_store_miss is not None:
+            self._on_store_miss(to_store, req_context)
         shortfall = count - (self.num_blocks - self._num_allocated + len(self._free))
         evicted: list[OffloadKey] = []
         if shortfall > 0:

@@ -46,7 +46,6 @@ class TierStats:
     tier was asked about, ``lookup_hits`` those it held."""
 
     name: str
-    lookups: int = 0
     lookup_hits: int = 0
     promoted_blocks: int = 0
     failed_promotions: int = 0
@@ -55,6 +54,7 @@ class TierStats:
     failed_cascades: int = 0
     bytes_written: int = 0
     bytes_read: int = 0
+    lookups: int = 0  # last: existing positional uses keep their meaning
 
 
 @dataclass(frozen=True)
