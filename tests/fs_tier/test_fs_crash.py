@@ -56,9 +56,11 @@ def run_and_kill(root: Path, seed: int, fsync: str) -> list[int]:
     assert child.stdout is not None
     try:
         assert child.stdout.readline().strip() == "ready", child.stderr.read()  # type: ignore[union-attr]
-        time.sleep(random.Random(seed).uniform(0.05, 0.6))
+        first = child.stdout.readline()  # the first batch is in: the kill lands mid-stream
+        time.sleep(random.Random(seed).uniform(0.0, 0.5))
         child.send_signal(signal.SIGKILL)
         out, err = child.communicate(timeout=30)
+        out = first + out
     finally:
         if child.poll() is None:
             child.kill()
