@@ -31,6 +31,7 @@ import functools
 import gc
 import logging
 import time
+import weakref
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -311,23 +312,24 @@ def tier_adapter(name: str) -> type[Any]:
                     self._release_views()
 
         def _release_views(self) -> None:
-            """Drop every view of vLLM's buffer, so vLLM can unmap its shared memory."""
-            view, self._view, self._rows = self._view, None, None
+            """Drop every view of vLLM's buffer, so vLLM can unmap its shared memory; warn if
+            the tier still holds one (vLLM then keeps the region mapped)."""
+            view, rows = self._view, self._rows
+            self._view = self._rows = None
             self._primary_kv_view = None
-            if view is None:
+            if view is None or rows is None:
                 return
-            try:
-                view.release()
-            except BufferError:
+            alive = weakref.ref(rows)
+            view.release()
+            del view, rows
+            if alive() is not None:
                 gc.collect()  # a reference cycle in the tier may still hold an array
-                try:
-                    view.release()
-                except BufferError:
-                    logger.warning(
-                        "tier %r still holds arrays over vLLM's CPU buffer after shutdown(); "
-                        "vLLM cannot unmap its shared memory until they are dropped",
-                        bridged_name,
-                    )
+            if alive() is not None:
+                logger.warning(
+                    "tier %r still holds arrays over vLLM's CPU buffer after shutdown(); "
+                    "vLLM cannot unmap its shared memory until they are dropped",
+                    bridged_name,
+                )
 
     BridgedSecondaryTier.__name__ = BridgedSecondaryTier.__qualname__ = bridged_name
     BridgedSecondaryTier.__doc__ = (
