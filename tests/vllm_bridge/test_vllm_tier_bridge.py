@@ -1,6 +1,6 @@
 """kv-offload tiers inside vLLM 0.33's own, unmodified TieringOffloadingManager.
 
-The manager is built by vLLM's ``TieringOffloadingSpec.get_manager()`` from the exact
+The manager is built by the spec vLLM's ``OffloadingSpecFactory`` makes of the exact
 ``kv_connector_extra_config`` the README documents, so vLLM's own config parsing,
 ``SecondaryTierFactory``, shared-memory CPU region and ``CachePolicyFactory`` are all in play.
 The test stands in for vLLM's GPU worker only: it writes a stored block's bytes into the CPU
@@ -23,7 +23,7 @@ from kv_offload.replay import block_bytes
 
 vllm_base = require_vllm("vllm.v1.kv_offload.base")
 vllm_config = require_vllm("vllm.v1.kv_offload.config")
-vllm_tiering_spec = require_vllm("vllm.v1.kv_offload.tiering.spec")
+vllm_spec_factory = require_vllm("vllm.v1.kv_offload.factory")
 
 import kv_offload_vllm  # noqa: E402 - after the skip: the bridge is useless without vLLM
 
@@ -36,6 +36,7 @@ _engines = iter(range(1_000_000))
 def extra_config(num_blocks: int, tier: dict[str, Any]) -> dict[str, Any]:
     """A ``kv_connector_extra_config`` as the README shows it."""
     return {
+        "spec_name": "TieringOffloadingSpec",
         "cpu_bytes_to_use": num_blocks * BLOCK_BYTES,
         "eviction_policy": "kvo_lru",
         "cache_policy_module_path": kv_offload_vllm.POLICY_MODULE_PATH,
@@ -44,7 +45,8 @@ def extra_config(num_blocks: int, tier: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_manager(extra: dict[str, Any]) -> Any:
-    """vLLM's TieringOffloadingSpec for a one-worker engine, and the manager it builds."""
+    """The spec vLLM's OffloadingSpecFactory makes of ``extra`` for a one-worker engine, and
+    the manager that spec builds."""
     c = vllm_config
     config = c.OffloadingConfig(
         groups=(c.OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
@@ -67,7 +69,9 @@ def build_manager(extra: dict[str, Any]) -> Any:
             is_parallelism_agnostic=False,
         ),
     )
-    return vllm_tiering_spec.TieringOffloadingSpec(config).get_manager()
+    spec = vllm_spec_factory.OffloadingSpecFactory.create_spec(config)
+    assert type(spec).__name__ == "TieringOffloadingSpec"
+    return spec.get_manager()
 
 
 def keys(start: int, stop: int) -> list[bytes]:
