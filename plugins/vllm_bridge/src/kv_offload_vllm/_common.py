@@ -42,10 +42,16 @@ def fire_hook(hook_name: str, source: str, **kwargs: Any) -> None:
 
     Inside vLLM a raising hook plugin must not abort the vLLM manager call it fires from (its
     bookkeeping would stop half way), so the error is logged, naming the hook and ``source``.
+    Only the arguments the installed kv-offload's hookspec declares are passed, so the bridge
+    works with kv-offload versions whose hooks gained or lack an argument (a declared argument
+    the bridge does not know is passed as ``None``).
     """
     caller = getattr(get_plugin_manager().hook, hook_name)
     if not caller.get_hookimpls():
         return
+    spec = caller.spec
+    if spec is not None:
+        kwargs = {name: kwargs.get(name) for name in spec.argnames}
     try:
         caller(**kwargs)
     except Exception:

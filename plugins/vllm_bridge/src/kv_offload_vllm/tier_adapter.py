@@ -196,7 +196,9 @@ def tier_adapter(name: str) -> type[Any]:
                     len(keys),
                 )
                 del self._jobs[job.job_id]
-                self._drained.append(self._result(meta, job.submit_time, success=False))
+                self._drained.append(
+                    self._result(meta, job.submit_time, False, "submit raised (see the log)")
+                )
 
         def _collect(self) -> list[Any]:
             results = []
@@ -210,20 +212,37 @@ def tier_adapter(name: str) -> type[Any]:
                         result.job_id,
                     )
                     continue
-                results.append(self._result(job.meta, job.submit_time, bool(result.success)))
+                results.append(
+                    self._result(
+                        job.meta,
+                        job.submit_time,
+                        bool(result.success),
+                        getattr(result, "reason", None),
+                    )
+                )
             return results
 
-        def _result(self, meta: JobMetadata, submit_time: float, success: bool) -> Any:
+        def _result(
+            self, meta: JobMetadata, submit_time: float, success: bool, reason: str | None
+        ) -> Any:
             nbytes = len(meta.keys) * self._block_size if success else 0
-            self._fire_job_hooks(meta, success, nbytes)
+            seconds = time.monotonic() - submit_time
+            self._fire_job_hooks(meta, success, nbytes, seconds, reason)
             return api.JobResult(
                 job_id=meta.job_id,
                 success=success,
-                transfer_time=time.monotonic() - submit_time,
+                transfer_time=seconds,
                 transfer_bytes=nbytes if success else None,
             )
 
-        def _fire_job_hooks(self, meta: JobMetadata, success: bool, nbytes: int) -> None:
+        def _fire_job_hooks(
+            self,
+            meta: JobMetadata,
+            success: bool,
+            nbytes: int,
+            seconds: float,
+            reason: str | None,
+        ) -> None:
             common = dict(manager=self, keys=list(meta.keys), req_context=meta.req_context)
             fire_hook(
                 "kv_offload_tier_job_finished",
@@ -232,6 +251,8 @@ def tier_adapter(name: str) -> type[Any]:
                 direction=meta.direction.value,
                 success=success,
                 nbytes=nbytes,
+                seconds=seconds,
+                reason=reason,
                 **common,
             )
             if meta.direction is JobDirection.LOAD:
