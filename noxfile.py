@@ -28,7 +28,7 @@ VLLM = "vllm==0.33.0"
 VLLM_TORCH = "torch==2.13.0"
 VLLM_KV_OFFLOAD_IMPORTS = [
     *("aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "annotated-types"),
-    *("anyio", "apache-tvm-ffi==0.1.11", "cachetools", "cbor2", "certifi"),
+    *("anyio", "apache-tvm-ffi==0.1.11", "attrs", "cachetools", "cbor2", "certifi"),
     *("charset-normalizer", "cloudpickle", "fastapi", "frozenlist", "h11", "httpcore2"),
     *("httpx2", "huggingface-hub", "idna", "llguidance", "msgspec", "multidict", "openai"),
     *("openai-harmony", "opentelemetry-api", "packaging", "partial-json-parser", "pillow"),
