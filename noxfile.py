@@ -3,6 +3,8 @@ typecheck, bench, demo. `python3 -m nox` runs tests, lint and typecheck."""
 
 from __future__ import annotations
 
+import shutil
+import time
 from pathlib import Path
 
 import nox
@@ -19,6 +21,22 @@ PLUGINS = sorted(
 TRACE = "data/conversation_trace.jsonl"
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
+# The vllm session: vLLM 0.33.0 without its dependencies (they pin a CUDA torch and GBs of
+# CUDA wheels), the CPU torch wheel this machine kind provides under /opt/wheels, and only
+# the packages importing vllm.v1.kv_offload (cpu + tiering managers and specs) needs.
+VLLM = "vllm==0.33.0"
+VLLM_TORCH = "torch==2.13.0"
+VLLM_KV_OFFLOAD_IMPORTS = [
+    *("aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "annotated-types"),
+    *("anyio", "apache-tvm-ffi==0.1.11", "attrs", "cachetools", "cbor2", "certifi"),
+    *("charset-normalizer", "cloudpickle", "fastapi", "frozenlist", "h11", "httpcore2"),
+    *("httpx2", "huggingface-hub", "idna", "llguidance", "msgspec", "multidict", "openai"),
+    *("openai-harmony", "opentelemetry-api", "packaging", "partial-json-parser", "pillow"),
+    *("prometheus-client", "propcache", "psutil", "py-cpuinfo", "pybase64", "pydantic"),
+    *("pydantic-core", "pyyaml", "pyzmq", "regex", "requests", "safetensors", "sniffio"),
+    *("starlette", "tokenizers", "transformers", "truststore", "typing-inspection"),
+    *("urllib3", "uvloop", "xgrammar", "yarl"),
+]
 
 
 def install_stack(session: nox.Session, *extras: str) -> None:
@@ -33,6 +51,22 @@ def tests(session: nox.Session) -> None:
     (`apt-get install -y redis-server`; .ci/run installs them): skipped without, failed under CI."""
     install_stack(session, "test")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """The kv-offload-vllm bridge against vLLM 0.33's real managers (tests/vllm_bridge)."""
+    start = time.monotonic()
+    session.install(VLLM_TORCH)
+    session.install("--no-deps", VLLM, *VLLM_KV_OFFLOAD_IMPORTS)
+    install_stack(session, "test")
+    seconds = time.monotonic() - start
+    venv = Path(session.virtualenv.location)
+    size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
+    session.log(f"vLLM environment: installed in {seconds:.0f} s, {size / 1e9:.2f} GB")
+    # Fail, never skip, when vLLM does not import in the environment built for it.
+    session.run("pytest", "tests/vllm_bridge", *session.posargs, env={"KVO_REQUIRE_VLLM": "1"})
+    shutil.rmtree(venv, ignore_errors=True)  # GBs; nox rebuilds it on every run anyway
 
 
 @nox.session

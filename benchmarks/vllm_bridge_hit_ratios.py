@@ -1,0 +1,71 @@
+"""Hit ratios of kv-offload policies bridged into vLLM 0.33, next to kv-offload's own manager
+and vLLM's built-in policies, on the bundled trace replayed in vLLM's scheduler call order.
+
+Per capacity and policy (lru, arc): ``bridged`` is vLLM's ``CPUOffloadingManager`` running
+``kvo_<policy>`` through kv-offload-vllm; ``kv-offload`` is kv-offload's own manager under the
+same access model (touching at request end what vLLM reports as reused); ``vLLM built-in`` is
+vLLM's own ``<policy>``; ``kv-offload replay`` is ``kv_offload.replay.replay`` (touch right after
+the load). The replay loop is the one tests/vllm_bridge use (``_scheduler_replay``). Needs the
+environment of ``python3 -m nox -s vllm`` (or the setup in vllm_side_by_side.py's docstring)
+with kv-offload-vllm installed::
+
+    python benchmarks/vllm_bridge_hit_ratios.py [--requests N] [--capacity C ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_bridge"))
+
+from _scheduler_replay import load_trace, replay_kv_offload, replay_vllm
+from kv_offload import CPUOffloadingManager, ReqContext
+from kv_offload.replay import replay
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=None, help="all if unset")
+    parser.add_argument("--capacity", type=int, action="append")
+    args = parser.parse_args()
+    try:
+        from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager as VLLMManager
+    except Exception as exc:
+        print(f"vLLM is not importable here ({exc}); see the docstring", file=sys.stderr)
+        return 0
+    trace = load_trace(args.requests)
+    blocks = sum(len(keys) for _, keys in trace)
+    print(f"{len(trace)} requests, {blocks} blocks; hit ratio (hit blocks / blocks)")
+    print(
+        f"{'capacity':>8} {'policy':<6} {'bridged':>8} {'kv-offload':>10} "
+        f"{'vLLM built-in':>13} {'kv-offload replay':>17}"
+    )
+    for capacity in args.capacity or [1000, 5000, 20000]:
+        for policy in ("lru", "arc"):
+            bridged = replay_vllm(
+                VLLMManager(
+                    capacity,
+                    cache_policy=f"kvo_{policy}",
+                    cache_policy_module_path="kv_offload_vllm.policies",
+                ),
+                trace,
+            )
+            own = replay_kv_offload(CPUOffloadingManager(capacity, cache_policy=policy), trace)
+            builtin = replay_vllm(VLLMManager(capacity, cache_policy=policy), trace)
+            native = replay(
+                CPUOffloadingManager(capacity, cache_policy=policy),
+                [(ReqContext(req_id), keys) for req_id, keys in trace],
+            )
+            print(
+                f"{capacity:>8} {policy:<6} {bridged.hit_ratio:>8.4f} {own.hit_ratio:>10.4f} "
+                f"{builtin.hit_ratio:>13.4f} {native.hit_ratio:>17.4f}"
+                + ("" if bridged.hit_blocks == own.hit_blocks else "  (bridged != kv-offload)"),
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,291 @@
+"""A kv-offload eviction policy as a vLLM 0.33 ``CachePolicy``.
+
+vLLM's ``CPUOffloadingManager`` owns the chunks: ctypes ``ChunkStatus`` structs whose
+``ref_cnt`` it changes in place. The adapter hands the kv-offload policy a
+:class:`~kv_offload.BlockStatus` per chunk whose ``ref_cnt`` reads that live struct, keeps the
+key -> chunk map vLLM's ``get`` answers from, and maps vLLM's request-scoped callbacks onto the
+kv-offload ones:
+
+* ``insert(key, chunk, ctx)`` -> ``insert(key, block)``;
+* ``on_request_finished(key_groups, insertion_only, reused, ctx)`` -> ``touch`` of the keys the
+  request reused (ready blocks it loaded or offered again), in prefix order, one call per KV
+  group, then ``on_request_finished(ctx)``. Blocks a request only inserted are not a use, as
+  in kv-offload's own manager, which touches a request's hits and nothing else;
+* ``on_request_access`` / ``on_store_miss`` -> the kv-offload policy's methods of those names
+  when its class defines them (the optional request-scoped callbacks), otherwise nothing:
+  vLLM's default of touching a missed key would count a miss as a use;
+* ``evict`` -> ``evict``, whose answer is checked the way kv-offload's manager checks it
+  (exactly ``n`` distinct resident blocks, all idle, none protected), because vLLM trusts it.
+
+kv-offload hooks fire where the callbacks carry the information: ``blocks_evicted`` (with the
+context of the store that evicted, known at the insert that follows), ``blocks_stored`` and
+``store_failed`` (per key, with the context of the request that stored it), ``request_finished``
+and ``cache_reset``. ``request_started`` and ``blocks_loaded`` are not visible to a vLLM
+policy. ``manager`` in those hooks is the adapter.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from kv_offload import (
+    BlockStatus,
+    CachePolicy,
+    CachePolicyFactory,
+    KVOffloadError,
+    OffloadKey,
+    PluginError,
+    ReqContext,
+)
+
+from ._common import PREFIX, fire_hook, kvo_context
+from ._vllm import vllm_api
+
+__all__ = ["policy_adapter"]
+
+MEDIUM_CPU = "CPU"
+
+
+class _LiveRefCounts:
+    """Slot -> ``ref_cnt`` table of kv-offload's ``BlockStatus``, read from vLLM's chunks."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, Any] = {}
+
+    def __getitem__(self, slot: int, /) -> int:
+        return int(self.chunks[slot].ref_cnt)
+
+    def __setitem__(self, slot: int, value: int, /) -> None:
+        self.chunks[slot].ref_cnt = value
+
+
+def _block_status_class(table: _LiveRefCounts) -> type[BlockStatus]:
+    """A ``BlockStatus`` subclass whose ``ref_cnt`` is the live count of vLLM's chunk."""
+    namespace = {
+        "__slots__": (),
+        "_ref_counts": table,
+        "ref_cnt": property(table.__getitem__, table.__setitem__, doc=BlockStatus.ref_cnt.__doc__),
+    }
+    return type("BlockStatus", (BlockStatus,), namespace)
+
+
+def _overridden(policy: CachePolicy, name: str) -> Any:
+    """The policy's bound method ``name`` if its class defines one beyond the base no-op."""
+    method = getattr(type(policy), name, None)
+    if method is None or method is getattr(CachePolicy, name, None):
+        return None
+    return getattr(policy, name)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@functools.cache
+def policy_adapter(name: str) -> type[Any]:
+    """The vLLM ``CachePolicy`` subclass running kv-offload's policy ``name``.
+
+    Resolving ``name`` goes through kv-offload's own factory (runtime registrations, installed
+    entry points), so an unknown name raises its :class:`~kv_offload.PluginNotFoundError`
+    listing what is installed.
+    """
+    api = vllm_api()
+    kvo_cls = CachePolicyFactory.get_cache_policy_cls(name)
+    bridged_name = PREFIX + name
+    vllm_cache_policy: Any = api.CachePolicy
+
+    class BridgedCachePolicy(vllm_cache_policy):  # type: ignore[misc]  # vLLM's class is Any
+        kvo_policy_name = name
+        kvo_policy_class = kvo_cls
+        medium = MEDIUM_CPU
+
+        def __init__(self, cache_capacity: int) -> None:
+            super().__init__(cache_capacity)
+            try:
+                policy = kvo_cls(cache_capacity=cache_capacity)
+            except KVOffloadError:
+                raise
+            except Exception as exc:
+                raise PluginError(
+                    f"policy {name!r} ({kvo_cls.__module__}.{kvo_cls.__qualname__}), bridged "
+                    f"into vLLM as {bridged_name!r}, failed to initialise: "
+                    f"{type(exc).__name__}: {exc}",
+                    kind="policy",
+                    plugin=name,
+                ) from exc
+            self.policy: CachePolicy = policy
+            self.cache_policy_name = bridged_name
+            self._table = _LiveRefCounts()
+            self._status_cls = _block_status_class(self._table)
+            self._chunks: dict[OffloadKey, Any] = {}
+            # key -> context of the request that stored it, while its store is in flight
+            self._storing: dict[OffloadKey, ReqContext] = {}
+            self._evicted: list[OffloadKey] = []
+            # vLLM calls get() for every lookup: answer from the key -> chunk map directly.
+            setattr(self, "get", self._chunks.get)  # noqa: B010 - shadows the method below
+            self._request_access = _overridden(policy, "on_request_access")
+            self._store_miss = _overridden(policy, "on_store_miss")
+            self._request_finished = _overridden(policy, "on_request_finished")
+            self._mark_evictable = _overridden(policy, "mark_evictable")
+            self._mark_non_evictable = _overridden(policy, "mark_non_evictable")
+
+        def get(self, key: OffloadKey) -> Any:  # replaced per instance in __init__
+            return self._chunks.get(key)
+
+        def insert(self, key: OffloadKey, chunk: Any, req_context: Any) -> None:
+            ctx = kvo_context(req_context)
+            if self._evicted:
+                # The eviction that made room for this store: now its request is known.
+                evicted, self._evicted = self._evicted, []
+                fire_hook(
+                    "kv_offload_blocks_evicted",
+                    bridged_name,
+                    manager=self,
+                    keys=evicted,
+                    medium=MEDIUM_CPU,
+                    req_context=ctx,
+                )
+            slot = int(chunk.chunk_id)
+            self._table.chunks[slot] = chunk
+            self._chunks[key] = chunk
+            self._storing[key] = ctx
+            self.policy.insert(key, int.__new__(self._status_cls, slot))
+
+        def remove(self, key: OffloadKey) -> None:
+            self.policy.remove(key)
+            chunk = self._chunks.pop(key, None)
+            if chunk is not None:
+                self._table.chunks.pop(int(chunk.chunk_id), None)
+            ctx = self._storing.pop(key, None)
+            if ctx is not None:
+                fire_hook(
+                    "kv_offload_store_failed",
+                    bridged_name,
+                    manager=self,
+                    keys=[key],
+                    medium=MEDIUM_CPU,
+                    req_context=ctx,
+                )
+
+        def touch(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+            self.policy.touch(list(keys), kvo_context(req_context))
+
+        def on_request_access(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+            if self._request_access is not None:
+                self._request_access(list(keys), kvo_context(req_context))
+
+        def on_store_miss(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+            if self._store_miss is not None:
+                self._store_miss(list(keys), kvo_context(req_context))
+
+        def on_request_finished(
+            self,
+            key_groups: Sequence[Sequence[OffloadKey]],
+            insertion_only_keys: set[OffloadKey],
+            reused_keys: set[OffloadKey],
+            req_context: Any,
+        ) -> None:
+            ctx = kvo_context(req_context)
+            if reused_keys:
+                for group in key_groups:
+                    used = [key for key in group if key in reused_keys]
+                    if used:
+                        self.policy.touch(used, ctx)
+            if self._request_finished is not None:
+                self._request_finished(ctx)
+            fire_hook("kv_offload_request_finished", bridged_name, manager=self, req_context=ctx)
+
+        def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
+            victims = self.policy.evict(n, protected)
+            if victims is None:
+                return None
+            evicted = self._check_victims(victims, n, protected)
+            for key, chunk in evicted:
+                del self._chunks[key]
+                self._table.chunks.pop(int(chunk.chunk_id), None)
+            self._evicted.extend(key for key, _ in evicted)
+            return evicted
+
+        def _check_victims(
+            self, victims: Any, n: int, protected: set[OffloadKey]
+        ) -> list[tuple[OffloadKey, Any]]:
+            """vLLM frees whatever ``evict`` returns; a pinned, pending, protected or unknown
+            victim would have its slot overwritten while in use, so the answer is checked."""
+            chunks = self._chunks
+            evicted: list[tuple[OffloadKey, Any]] = []
+            seen: set[OffloadKey] = set()
+            problem = ""
+            try:
+                pairs = list(victims)
+                if len(pairs) != n:
+                    problem = f"{len(pairs)} pair(s)"
+                for key, block in pairs:
+                    if problem:
+                        break
+                    chunk = chunks.get(key)
+                    if chunk is None or key in seen:
+                        problem = f"key {_short(key)} is not a resident block (or repeats)"
+                    elif int(block) != int(chunk.chunk_id):
+                        problem = (
+                            f"key {_short(key)} came with slot {int(block)}, but it lives "
+                            f"in slot {int(chunk.chunk_id)}"
+                        )
+                    elif chunk.ref_cnt != 0:
+                        state = "pending (store in flight)" if chunk.ref_cnt < 0 else "pinned"
+                        problem = f"key {_short(key)} is {state}, ref_cnt={chunk.ref_cnt}"
+                    elif key in protected:
+                        problem = f"key {_short(key)} is protected"
+                    else:
+                        seen.add(key)
+                        evicted.append((key, chunk))
+            except (TypeError, ValueError):
+                problem = f"{_short(victims)}, not (key, BlockStatus) pairs"
+            if problem:
+                raise PluginError(
+                    f"policy {name!r} ({kvo_cls.__module__}.{kvo_cls.__qualname__}), bridged "
+                    f"into vLLM as {bridged_name!r}, broke the evict() contract: asked for {n} "
+                    f"(key, BlockStatus) pairs of idle, unprotected resident blocks, got "
+                    f"{problem}; fix the policy's evict() (vLLM's manager was not changed, the "
+                    f"policy's own state is now undefined: restart the engine)",
+                    kind="policy",
+                    plugin=name,
+                )
+            return evicted
+
+        def clear(self) -> None:
+            self.policy.clear()
+            self._chunks.clear()
+            self._table.chunks.clear()
+            self._storing.clear()
+            self._evicted.clear()
+            fire_hook("kv_offload_cache_reset", bridged_name, manager=self)
+
+        def mark_evictable(self, key: OffloadKey) -> None:
+            if self._mark_evictable is not None:
+                self._mark_evictable(key)
+            ctx = self._storing.pop(key, None)
+            if ctx is not None:  # its store completed (ref_cnt -1 -> 0)
+                fire_hook(
+                    "kv_offload_blocks_stored",
+                    bridged_name,
+                    manager=self,
+                    keys=[key],
+                    medium=MEDIUM_CPU,
+                    req_context=ctx,
+                )
+
+        def mark_non_evictable(self, key: OffloadKey) -> None:
+            if self._mark_non_evictable is not None:
+                self._mark_non_evictable(key)
+
+    BridgedCachePolicy.__name__ = BridgedCachePolicy.__qualname__ = bridged_name
+    BridgedCachePolicy.__doc__ = (
+        f"kv-offload policy {name!r} ({kvo_cls.__module__}.{kvo_cls.__qualname__}) "
+        f"inside vLLM's CPUOffloadingManager."
+    )
+    return BridgedCachePolicy
