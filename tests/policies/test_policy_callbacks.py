@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _policies import k
+from _policy_harness import k
 from kv_offload import CachePolicy, CPUOffloadingManager, LookupResult, OffloadKey, ReqContext
 from kv_offload.policy_factory import CachePolicyFactory
 from kv_offload_lru import LRUCachePolicy

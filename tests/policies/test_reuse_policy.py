@@ -7,7 +7,7 @@ import random
 from collections.abc import Iterable
 
 import pytest
-from _policies import CTX, Blocks, k, match_reference
+from _policy_harness import CTX, Blocks, k, match_reference
 from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext, build_manager
 from kv_offload.block_status import BlockStatus
 from kv_offload_reuse import SLOTS_PER_BLOCK, WINDOW, ReuseCachePolicy, slot_of
@@ -274,7 +274,7 @@ class ReferenceReuse:
         b1 = min(max(0, self.c - len(self.t1)), sum(1 for _, o in self.evictions if o == 1))
         return b1, min(self.c - b1, sum(1 for _, o in self.evictions if o == 2))
 
-    def touch(self, keys: list[OffloadKey]) -> None:
+    def touch(self, keys: list[OffloadKey], req_context: object = None) -> None:
         for key in reversed(keys):
             for listed in (self.t1, self.t2):
                 for i, (other, block) in enumerate(listed):
@@ -457,7 +457,7 @@ def test_the_recency_mode_is_exactly_lru_through_the_manager() -> None:
     from kv_offload.replay import replay
     from kv_offload.trace import read_trace
 
-    trace = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
+    trace = Path(__file__).resolve().parents[2] / "data" / "conversation_trace.jsonl"
     requests = [(ReqContext(r.req_id), r.keys) for r in read_trace(trace, 1500, block_tokens=512)]
     CachePolicyFactory.register_cache_policy("reuse-recency", __name__, "RecencyOnly")
     try:
