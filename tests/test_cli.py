@@ -36,14 +36,16 @@ def _env(pythonpath: Path | None = None) -> dict[str, str]:
     return env
 
 
-def kvo(*args: str | Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``kv-offload ARGS`` and wait for it."""
-    (proc,) = kvo_many(list(args), pythonpath=pythonpath)
+def kvo(
+    *args: str | Path, pythonpath: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``kv-offload ARGS`` and wait for it (``env``: extra environment variables)."""
+    (proc,) = kvo_many(list(args), pythonpath=pythonpath, env=env)
     return proc
 
 
 def kvo_many(
-    *commands: list[str | Path], pythonpath: Path | None = None
+    *commands: list[str | Path], pythonpath: Path | None = None, env: dict[str, str] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
     """Run several ``kv-offload`` commands at once (each pays the interpreter's start-up)."""
     assert SCRIPT is not None
@@ -55,7 +57,7 @@ def kvo_many(
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                env=_env(pythonpath),
+                env={**_env(pythonpath), **(env or {})},
             ),
         )
         for argv in ([SCRIPT, *map(str, command)] for command in commands)
@@ -100,15 +102,16 @@ def test_plugins_json_lists_builtins_with_distribution_and_version() -> None:
         assert info["error"] is None
 
 
-def test_plugins_table() -> None:
-    proc = kvo("plugins")
+@pytest.mark.parametrize(("flags", "status"), [((), "installed"), (("--check",), "ok")])
+def test_plugins_table(flags: tuple[str, ...], status: str) -> None:
+    proc = kvo("plugins", *flags)
     assert proc.returncode == 0, proc.stderr
     header, rule, *rows = proc.stdout.splitlines()
     assert header.split() == ["name", "kind", "distribution", "version", "found", "via", "status"]
     assert set(rule) <= {"-", " "}
     lru = next(row.split() for row in rows if row.startswith("lru "))
     assert lru[:3] == ["lru", "policy", "kv-offload-lru"]
-    assert lru[-1] == "ok"
+    assert lru[-1] == status
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +144,9 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_broken_plugins_are_listed_with_their_error(broken_site: Path) -> None:
-    proc, table = kvo_many(["plugins", "--json"], ["plugins"], pythonpath=broken_site)
+    proc, table = kvo_many(
+        ["plugins", "--check", "--json"], ["plugins", "--check"], pythonpath=broken_site
+    )
     assert proc.returncode == 0, proc.stderr
     infos = {(p["kind"], p["name"]): p for p in json.loads(proc.stdout)}
     for key in (("policy", "broken"), ("hook", "broken-hook")):

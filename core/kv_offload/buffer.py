@@ -128,7 +128,14 @@ class CPUKVBuffer:
         return self._array.data
 
     def _slots(self, block_ids: Slots) -> npt.NDArray[np.int64]:
-        ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
+        given = np.asarray(block_ids)
+        if given.size and given.dtype.kind not in "iu":
+            # int64 conversion would truncate 1.7 to slot 1 or fail with a bare ValueError.
+            raise InvalidArgumentError(
+                f"CPUKVBuffer: slot ids must be integers, got {given.dtype} values such as "
+                f"{given.reshape(-1).tolist()[0]!r}"
+            )
+        ids = given.astype(np.int64, copy=False).reshape(-1)
         if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.num_blocks):
             bad = ids[(ids < 0) | (ids >= self.num_blocks)][0]
             raise InvalidArgumentError(

@@ -25,7 +25,7 @@ from .base import OffloadingManager
 from .build import build_manager
 from .config import DEFAULT_CONFIG, StackConfig, load_config, parse_config, resolve_config
 from .errors import KVOffloadError
-from .plugins import HOOK_ENTRY_POINT_GROUP, PluginInfo
+from .plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
 from .policies import CachePolicyFactory
 from .replay import ReplayResult, replay
 from .tiering import SecondaryTierFactory
@@ -33,6 +33,8 @@ from .trace import read_trace
 from .types import ReqContext
 
 __all__ = ["main"]
+
+logger = logging.getLogger("kv_offload.cli")
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
@@ -50,25 +52,53 @@ def _load(config: str) -> StackConfig:
     return load_config(config)
 
 
-def _hook_plugins() -> list[PluginInfo]:
-    """Installed hook plugins; each is imported to check it (a broken one shows its error)."""
+def _blocked_names() -> set[str]:
+    """Hook plugins ``KV_OFFLOAD_BLOCK_PLUGINS`` forbids importing (a listing honours it too)."""
+    return {n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()}
+
+
+def _hook_plugins(check: bool, blocked: set[str]) -> list[PluginInfo]:
+    """Installed hook plugins from metadata; with ``check``, each unblocked one is imported."""
+    eps = list(metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP))
+    claims: dict[str, list[str]] = {}
+    for ep in eps:
+        dist = ep.dist
+        claims.setdefault(ep.name, []).append(
+            f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+        )
     infos = []
-    for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP):
+    for ep in eps:
         error = None
-        try:
-            ep.load()
-        except Exception as exc:
-            error = f"failed to import: {type(exc).__name__}: {exc}"
+        if len(claims[ep.name]) > 1:
+            error = "claimed by " + ", ".join(sorted(claims[ep.name]))
+        elif check and ep.name not in blocked:
+            try:
+                ep.load()
+            except Exception as exc:
+                error = f"failed to import: {type(exc).__name__}: {exc}"
         infos.append(PluginInfo.from_entry_point(ep, "hook", error))
     return infos
 
 
-def _all_plugins() -> list[PluginInfo]:
+def _all_plugins(check: bool) -> list[tuple[PluginInfo, str]]:
+    """Every installed plugin with its status. Listing reads metadata only: importing runs a
+    plugin's code, so it happens only with ``check`` and never for a blocked name."""
+    blocked = _blocked_names()
     policies = CachePolicyFactory.registry
     tiers = SecondaryTierFactory.registry
-    infos = [policies.check(i) for i in policies.available()]
-    infos += [tiers.check(i) for i in tiers.available()]
-    return infos + _hook_plugins()
+    infos = policies.available() + tiers.available() + _hook_plugins(check, blocked)
+    rows = []
+    for info in infos:
+        if info.kind == "hook" and info.name in blocked:
+            rows.append((info, f"blocked ({BLOCK_ENV}); not imported"))
+            continue
+        if check and info.kind != "hook":
+            info = (policies if info.kind == "policy" else tiers).check(info)
+        if info.error is not None:
+            rows.append((info, f"BROKEN: {info.error}"))
+        else:
+            rows.append((info, "ok" if check else "installed"))
+    return rows
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -80,22 +110,17 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    infos = _all_plugins()
+    rows = _all_plugins(check=args.check)
     if args.json:
-        print(json.dumps([asdict(i) for i in infos], indent=2))
+        print(json.dumps([{**asdict(i), "status": status} for i, status in rows], indent=2))
         return 0
-    rows = [
-        [
-            i.name,
-            i.kind,
-            i.distribution or "-",
-            i.version or "-",
-            i.source,
-            "ok" if i.error is None else f"BROKEN: {i.error}",
-        ]
-        for i in infos
+    table = [
+        [i.name, i.kind, i.distribution or "-", i.version or "-", i.source, status]
+        for i, status in rows
     ]
-    print(_table(rows, ["name", "kind", "distribution", "version", "found via", "status"]))
+    print(_table(table, ["name", "kind", "distribution", "version", "found via", "status"]))
+    if not args.check:
+        print("(read from metadata; --check imports each plugin to find broken ones)")
     return 0
 
 
@@ -209,9 +234,21 @@ def _run(
             result = replay(
                 manager, requests, data_plane=manager.kv_buffer is not None, progress=bar.update
             )
-        return _report(stack, manager, result)
-    finally:
+        report = _report(stack, manager, result)
+    except BaseException:
+        _shutdown_after_error(manager)
+        raise
+    manager.shutdown()
+    return report
+
+
+def _shutdown_after_error(manager: Any) -> None:
+    """Shut down while an earlier error propagates: that first error is the one reported, so a
+    second one from ``shutdown`` (often the same broken hook plugin again) is only logged."""
+    try:
         manager.shutdown()
+    except Exception as exc:
+        logger.warning("also while shutting down after that error: %s: %s", type(exc).__name__, exc)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -343,9 +380,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="WARNING",
         help="what kv-offload and plugin loggers print to stderr (hook plugins often log)",
     )
-    # --debug is accepted after the command too; SUPPRESS keeps it from resetting the above.
+    # Global options work after the command too; SUPPRESS keeps them from resetting the above.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        default=argparse.SUPPRESS,
+        help="as before the command",
+    )
     progress = argparse.ArgumentParser(add_help=False)
     shown = progress.add_mutually_exclusive_group()
     shown.add_argument(
@@ -365,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
         "plugins", parents=[common], help="list installed policy, tier and hook plugins"
     )
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="import each plugin (never a blocked hook plugin) to find broken ones",
+    )
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser(

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, InvalidKeyError
 from .keys import OffloadKey, make_offload_key
 
 __all__ = ["TraceRequest", "TraceError", "read_trace"]
@@ -55,9 +55,19 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequ
                 what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
                 raise TraceError(f"{path}:{lineno}: malformed trace line: {what}") from None
             keys = []
+            seen: set[int] = set()
             for h in hash_ids:
+                if h in seen:  # a prefix chain names each block once; the manager refuses it
+                    raise TraceError(
+                        f"{path}:{lineno}: malformed trace line: hash {h} appears twice in "
+                        "one request's 'hash_ids'"
+                    )
+                seen.add(h)
                 key = key_cache.get(h)
                 if key is None:
-                    key = key_cache[h] = make_offload_key(h)
+                    try:
+                        key = key_cache[h] = make_offload_key(h)
+                    except InvalidKeyError as exc:
+                        raise TraceError(f"{path}:{lineno}: malformed trace line: {exc}") from None
                 keys.append(key)
             yield TraceRequest(f"req-{lineno}", keys, timestamp)

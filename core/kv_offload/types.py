@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from .errors import InvalidArgumentError
 from .keys import OffloadKey
 
 __all__ = [
@@ -42,6 +43,15 @@ class ReqContext:
     req_id: str
     kv_transfer_params: dict[str, Any] | None = None
     _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Hooks, stats and tiers key per-request work by req_id; an int that equals another
+        # request's str id (or None) would merge or drop their state silently.
+        if not isinstance(self.req_id, str):
+            raise InvalidArgumentError(
+                f"ReqContext: req_id must be a str, got {type(self.req_id).__name__} "
+                f"{self.req_id!r} (use str({self.req_id!r}))"
+            )
 
     def set_state(self, value: Any) -> None:
         self._state[type(value)] = value

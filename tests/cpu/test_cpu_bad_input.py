@@ -189,7 +189,14 @@ def test_a_batch_that_is_not_a_collection_of_keys(
         assert "pass [key]" in str(info.value)
 
 
-BAD_CONTEXTS: list[Any] = [ReqContext(req_id=None), object(), None, "req-0"]  # type: ignore[arg-type]
+def _req_id_cleared() -> ReqContext:
+    """ReqContext refuses a non-str req_id; the manager still checks a context changed later."""
+    ctx = ReqContext(req_id="cleared")
+    ctx.req_id = None  # type: ignore[assignment]
+    return ctx
+
+
+BAD_CONTEXTS: list[Any] = [_req_id_cleared(), object(), None, "req-0"]
 
 
 CTX_OPERATIONS = [

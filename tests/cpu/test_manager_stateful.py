@@ -328,7 +328,9 @@ class ManagerMachine(RuleBasedStateMachine):
         """A context without a req_id."""
         key = data.draw(st.sampled_from(UNIVERSE))
         operation = data.draw(st.sampled_from(["lookup", "prepare_store", "touch"]))
-        ctx: Any = data.draw(st.sampled_from([ReqContext(req_id=None), object()]))  # type: ignore[arg-type]
+        cleared = ReqContext(req_id="cleared")
+        cleared.req_id = None  # type: ignore[assignment]  # ReqContext() itself refuses None
+        ctx: Any = data.draw(st.sampled_from([cleared, object()]))
         arg: Any = key if operation == "lookup" else [key]
         self.expect_invalid(
             InvalidArgumentError, lambda: getattr(self.m, operation)(arg, ctx), operation, "req_id"

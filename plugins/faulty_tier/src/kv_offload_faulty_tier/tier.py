@@ -1,0 +1,187 @@
+"""The wrapper tier: forwards to the inner tier, holding and flipping results as planned."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from kv_offload import (
+    JobDirection,
+    JobMetadata,
+    JobResult,
+    OffloadingConfig,
+    OffloadKey,
+    ReqContext,
+    SecondaryTierFactory,
+    SecondaryTierManager,
+)
+from kv_offload.errors import ConfigError
+
+from .faults import Dice, FaultCounters, FaultPlan, InjectedFault
+
+__all__ = ["FaultyTier"]
+
+#: What a torn promotion leaves in its CPU rows.
+GARBAGE = 0xEE
+
+
+@dataclass
+class _Held:
+    """A job whose result is not released yet."""
+
+    job: JobMetadata
+    polls_left: int
+    ready_at: float
+    #: ``None`` while the inner tier has not reported; always ``False`` for an injected failure.
+    success: bool | None
+    injected: bool
+
+
+class FaultyTier(SecondaryTierManager):
+    """Wraps the tier described by ``inner`` (a tier config table) and injects faults.
+
+    Injected failures never reach the inner tier. Results of forwarded jobs are released only
+    when the inner tier reported them *and* the planned delay has passed, so a manager that
+    reuses a slot before the result would be caught. While a store of a key is held, ``lookup``
+    answers ``None`` (ask again), as any asynchronous tier does.
+    """
+
+    def __init__(
+        self,
+        config: OffloadingConfig,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        inner: Mapping[str, Any],
+        *,
+        fail_rate: float = 0.0,
+        raise_rate: float = 0.0,
+        lookup_raise_rate: float = 0.0,
+        delay_polls: int = 0,
+        delay_s: float = 0.0,
+        seconds_per_mib: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(config, primary_kv_view, tier_type)
+        self.plan = FaultPlan.from_arguments(
+            tier_type,
+            fail_rate=fail_rate,
+            raise_rate=raise_rate,
+            lookup_raise_rate=lookup_raise_rate,
+            delay_polls=delay_polls,
+            delay_s=delay_s,
+            seconds_per_mib=seconds_per_mib,
+            seed=seed,
+        )
+        if not isinstance(inner, Mapping) or "type" not in inner:
+            raise ConfigError(
+                f"tier {tier_type!r}: inner must be a tier table with a 'type' key, e.g. "
+                f'[tiers.inner] type = "example"; got {inner!r}'
+            )
+        self.inner = SecondaryTierFactory.create_secondary_tier(inner, primary_kv_view, config)
+        self.counters = FaultCounters()
+        self._dice = Dice(self.plan)
+        self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
+        self._held: dict[int, _Held] = {}
+        self._storing: dict[OffloadKey, int] = {}
+        self._device_free_at = 0.0
+
+    # -- the tier interface -------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
+        if self._dice.lookup_raises():
+            self.counters.lookup_raised += 1
+            raise InjectedFault(f"{self.name}: injected failure in lookup")
+        if key in self._storing:
+            return None
+        return self.inner.lookup(key, req_context)
+
+    def submit_store(self, job: JobMetadata) -> None:
+        self._submit(job)
+        for key in job.keys:
+            self._storing[key] = self._storing.get(key, 0) + 1
+
+    def submit_load(self, job: JobMetadata) -> None:
+        self._submit(job)
+
+    def get_finished(self) -> list[JobResult]:
+        for result in self.inner.get_finished():
+            held = self._held.get(result.job_id)
+            if held is not None and held.success is None:
+                held.success = result.success
+        now = time.monotonic()
+        done: list[JobResult] = []
+        for job_id, held in list(self._held.items()):
+            if held.polls_left > 0:
+                held.polls_left -= 1
+                continue
+            if held.success is None or now < held.ready_at:
+                continue
+            del self._held[job_id]
+            done.append(self._release(held))
+        return done
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self.inner.touch(keys, req_context)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self.inner.on_request_finished(req_context)
+
+    def on_schedule_end(self) -> None:
+        forward = getattr(self.inner, "on_schedule_end", None)
+        if forward is not None:
+            forward()
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    # -- faults -------------------------------------------------------------------------
+
+    def _submit(self, job: JobMetadata) -> None:
+        direction = job.direction.value
+        if self._dice.raises():
+            self.counters.raised += 1
+            raise InjectedFault(f"{self.name}: injected failure in submit_{direction}")
+        injected = self._dice.fails()
+        polls = self._dice.polls()
+        nbytes = len(job.keys) * self.config.block_size_bytes
+        now = time.monotonic()
+        ready_at = max(now, self._device_free_at) + self.plan.transfer_seconds(nbytes)
+        if ready_at > now:
+            self._device_free_at = ready_at
+        if not injected:
+            if job.direction is JobDirection.STORE:
+                self.inner.submit_store(job)
+            else:
+                self.inner.submit_load(job)
+        self.counters.submitted += 1
+        if polls or ready_at > now:
+            self.counters.delayed += 1
+        self._held[job.job_id] = _Held(
+            job, polls, ready_at, success=False if injected else None, injected=injected
+        )
+
+    def _release(self, held: _Held) -> JobResult:
+        job = held.job
+        if job.direction is JobDirection.STORE:
+            for key in job.keys:
+                left = self._storing[key] - 1
+                if left:
+                    self._storing[key] = left
+                else:
+                    del self._storing[key]
+        elif held.injected:
+            # A torn transfer: the reserved rows hold garbage; the manager must free them.
+            self._cpu[job.block_ids] = GARBAGE
+            self.counters.torn_loads += 1
+        if not held.success:
+            self.counters.failed += 1
+        return JobResult(job.job_id, bool(held.success))
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs submitted and not yet reported."""
+        return len(self._held)
