@@ -36,6 +36,14 @@ from .plugins import (
 from .plugins import hookspecs as hookspecs
 from .plugins.hookspecs import hookimpl, hookspec
 from .policies import CachePolicy, CachePolicyFactory
+from .tier_types import (
+    Locality,
+    Medium,
+    OffloadPolicy,
+    RequestOffloadingContext,
+    TierFilter,
+    TierMatcher,
+)
 from .tiering import (
     JobDirection,
     JobMetadata,
@@ -47,6 +55,7 @@ from .tiering import (
     TieringStats,
     TierStats,
 )
+from .tiering.backpressure import BackpressureDetector, DropPolicy
 from .types import (
     CPULoadStoreSpec,
     LoadStoreSpec,
@@ -108,4 +117,12 @@ __all__ = [
     "PluginValidationError",
     "PrepareStoreOutput",
     "ReqContext",
+    "BackpressureDetector",
+    "DropPolicy",
+    "Locality",
+    "Medium",
+    "OffloadPolicy",
+    "RequestOffloadingContext",
+    "TierFilter",
+    "TierMatcher",
 ]

@@ -25,6 +25,12 @@ key                    type          default    meaning
                                                 ``<position>:<type>`` (``1:fs``, ``2:fs``)
 ``[[tiers]] module_``  str           unset      module defining the class named ``type``
 ``path``
+``[[tiers]] locality`` str           unset      "local" or "remote" (tier filters, and the
+                                                backpressure defaults)
+``[[tiers]] backpres`` table         unset      the tier's backpressure (cascade gate); see
+``sure``                                        ``kv_offload.tiering.cascade_gate``
+``[backpressure]``     table         unset      default of every tier's ``backpressure``
+                                                (a tier's own keys win, key by key)
 ``[[tiers]] <other>``  any                      the tier's own constructor arguments
 =====================  ============  =========  ==============================================
 
@@ -65,6 +71,7 @@ _TOP_KEYS = {
     "enable_events",
     "hooks",
     "tiers",
+    "backpressure",
 }
 _HOOK_KEYS = {"autoload", "enable", "block"}
 
@@ -296,6 +303,9 @@ def parse_config(
     tiers_data = data.get("tiers", [])
     if not isinstance(tiers_data, list):
         raise v.fail(("tiers",), "must be a list of tables ([[tiers]] in TOML)")
+    backpressure = data.get("backpressure")
+    if backpressure is not None and not isinstance(backpressure, Mapping):
+        raise v.fail(("backpressure",), f"must be a table, got {backpressure!r}")
     tiers: list[TierConfig] = []
     for index, tier in enumerate(tiers_data):
         prefix: tuple[str | int, ...] = ("tiers", index)
@@ -307,6 +317,11 @@ def parse_config(
         module_path = v.string(tier, "module_path", prefix)
         name = v.string(tier, "name", prefix)
         arguments = {k: val for k, val in tier.items() if k not in ("type", "module_path", "name")}
+        if backpressure is not None:  # the global table under the tier's own keys
+            own = arguments.get("backpressure")
+            if own is not None and not isinstance(own, Mapping):
+                raise v.fail((*prefix, "backpressure"), f"must be a table, got {own!r}")
+            arguments["backpressure"] = {**backpressure, **(own or {})}
         tiers.append(TierConfig(tier_type, module_path, arguments, name))
     try:
         tier_names([(t.type, t.name) for t in tiers])

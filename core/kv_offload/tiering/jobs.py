@@ -5,6 +5,9 @@
   during a scheduler step go out at ``on_schedule_end()`` as one job per (tier, request).
 * Every job ends in exactly one result. A failed or crashed job releases its pins; a failed
   promotion frees its slot, so the key is a ``MISS`` in the CPU tier again.
+* A tier with a cascade gate (backpressure on, :mod:`kv_offload.tiering.cascade_gate`) has
+  its cascade jobs timed from submission to the poll that collects the result, and the gate
+  told; tiers without one pay nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ logger = logging.getLogger("kv_offload.tiering")
 class _Job:
     tier: int
     meta: JobMetadata
+    started: float = 0.0  # time.monotonic() at submission (gated cascades only)
 
 
 class JobTable:
@@ -54,6 +58,8 @@ class JobTable:
         self._jobs: dict[int, _Job] = {}
         self._next_id = 0
         self.stats = [TierStats(tier.name) for tier in tiers]
+        #: Each tier's cascade gate, or ``None`` (no backpressure for it).
+        self.gates = [tier.cascade_gate for tier in tiers]
         #: Keys whose promotion is queued or in flight.
         self.promoting: set[OffloadKey] = set()
 
@@ -62,6 +68,21 @@ class JobTable:
 
     def reset_stats(self) -> None:
         self.stats = [TierStats(s.name) for s in self.stats]
+        for gate in self.gates:
+            if gate is not None:
+                gate.reset()
+
+    def tier_stats(self) -> list[TierStats]:
+        """A copy of every tier's counters, with the gates' figures filled in."""
+        out = []
+        for stats, gate in zip(self.stats, self.gates):
+            copy = TierStats(**vars(stats))
+            if gate is not None:
+                copy.cascades_in_flight = gate.in_flight
+                copy.peak_cascades_in_flight = gate.peak_in_flight
+                copy.backpressure = gate.detector.stats()
+            out.append(copy)
+        return out
 
     def submit(
         self,
@@ -75,7 +96,9 @@ class JobTable:
         job_id = self._next_id
         self._next_id += 1
         meta = JobMetadata(job_id, keys, np.asarray(slots, np.int64), direction, ctx)
-        self._jobs[job_id] = _Job(index, meta)
+        job = self._jobs[job_id] = _Job(index, meta)
+        if direction is JobDirection.STORE and self.gates[index] is not None:
+            job.started = time.monotonic()
         tier = self._tiers[index]
         try:
             if direction is JobDirection.LOAD:
@@ -148,6 +171,9 @@ class JobTable:
             event_hook = hooks.blocks_loaded if result.success else None
         else:
             self._primary.unpin(keys, meta.req_context, "cascade")
+            gate = self.gates[job.tier]
+            if gate is not None:
+                gate.finished(result.success, time.monotonic() - job.started, nbytes)
             if result.success:
                 stats.cascaded_blocks += len(keys)
                 stats.bytes_written += nbytes

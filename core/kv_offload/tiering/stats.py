@@ -11,7 +11,7 @@ __all__ = ["TierStats", "TieringStats"]
 
 @dataclass
 class TierStats:
-    """Counters of one secondary tier, cumulative."""
+    """Counters of one secondary tier, cumulative (restart at zero on ``reset_cache``)."""
 
     name: str
     lookup_hits: int = 0
@@ -22,6 +22,14 @@ class TierStats:
     failed_cascades: int = 0
     bytes_written: int = 0
     bytes_read: int = 0
+    #: Cascade jobs (and their blocks) shed by the tier's backpressure gate.
+    dropped_cascades: int = 0
+    dropped_blocks: int = 0
+    #: Cascade jobs in flight to the tier now, and the most at once (gated tiers only).
+    cascades_in_flight: int = 0
+    peak_cascades_in_flight: int = 0
+    #: The gate's detector figures (e.g. ``store_s_per_mib``); empty without a gate.
+    backpressure: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
