@@ -251,6 +251,7 @@ def test_hooks_fire_in_order_within_each_call(scripted: Scripted) -> None:
         "on_schedule_end#5": ["store_failed", "tier_job_finished"],
         "prepare_store(b, 6)": ["store_admission"],
         "complete_store(b, 6, success=False)": ["store_failed"],
+        "prepare_store(b, 0) under pressure": ["cascade_dropped"],
         "on_request_finished(b)": ["request_finished"],
         "reset_cache": ["cache_reset"],
         "shutdown": ["cache_reset", "shutdown"],
