@@ -70,16 +70,17 @@ class TierMatcher:
 
 @dataclass(frozen=True)
 class TierFilter:
-    """The tiers a request's lookups may ask: those named in ``tiers`` (``None``: any name)
-    that match one of ``matchers`` (empty: any medium and locality).
+    """The tiers a request's lookups may ask: those matching one of ``matchers`` and, when
+    ``tiers`` is set, named in it (vLLM's ``TierFilter``, plus names).
 
-    ``TierFilter.ALL`` allows every tier; ``TierFilter(tiers=())`` none (CPU only). A filter
-    naming a tier the stack does not have is refused by the tiered manager
+    ``TierFilter.ALL`` (the default: one matcher matching anything) allows every tier;
+    ``TierFilter(matchers=())`` none, as in vLLM (the CPU tier only). A filter naming a tier
+    the stack does not have is refused by the tiered manager
     (:class:`~kv_offload.errors.InvalidArgumentError`) rather than silently matching nothing.
     """
 
+    matchers: tuple[TierMatcher, ...] = (TierMatcher(),)
     tiers: frozenset[str] | None = None
-    matchers: tuple[TierMatcher, ...] = ()
 
     ALL: ClassVar[TierFilter]
 
@@ -90,9 +91,11 @@ class TierFilter:
                     f"TierFilter: tiers must be a collection of tier names, got {self.tiers!r}"
                 )
             object.__setattr__(self, "tiers", frozenset(self.tiers))
-        if not all(isinstance(m, TierMatcher) for m in self.matchers):
+        if not isinstance(self.matchers, tuple) or not all(
+            isinstance(m, TierMatcher) for m in self.matchers
+        ):
             raise InvalidArgumentError(
-                f"TierFilter: matchers must be TierMatcher objects, got {self.matchers!r}"
+                f"TierFilter: matchers must be a tuple of TierMatcher, got {self.matchers!r}"
             )
 
     @classmethod
@@ -103,7 +106,7 @@ class TierFilter:
     def allows(self, name: str, medium: Medium | None, locality: Locality | None) -> bool:
         if self.tiers is not None and name not in self.tiers:
             return False
-        return not self.matchers or any(m.matches(medium, locality) for m in self.matchers)
+        return any(m.matches(medium, locality) for m in self.matchers)
 
 
 TierFilter.ALL = TierFilter()

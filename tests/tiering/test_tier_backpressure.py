@@ -553,7 +553,7 @@ def run_workload(tiers: list[dict[str, Any]], steps: int, **extra: Any) -> dict[
     m = build_manager({"num_blocks": 400, "block_size_bytes": SLOW_BLOCK, "tiers": tiers, **extra})
     prompts = 300
     weights = [1.0 / (i + 1) ** 0.8 for i in range(prompts)]
-    cpu_only = TierFilter(tiers=frozenset())
+    cpu_only = TierFilter(matchers=())
     peak = 0
     started = time.perf_counter()
     for step in range(steps):
