@@ -168,13 +168,18 @@ def test_default_water_marks_depend_on_locality_and_are_documented_once() -> Non
         detector = EMADetector(locality=locality)
         assert (detector.high, detector.low) == (high, low)
     assert DEFAULT_WATER_MARKS[Locality.REMOTE][0] > DEFAULT_WATER_MARKS[Locality.LOCAL][0]
-    # The docs print the same numbers as the constants (vLLM's docstring and constants
-    # disagree; ours must not).
-    for path in ("README.md", "docs/plugin-guide.md", "core/kv_offload/tiering/backpressure.py"):
-        text = (ROOT / path).read_text()
-        for locality, (high, low) in DEFAULT_WATER_MARKS.items():
-            row = rf"{locality.value.lower()}\s*\|?\s*{high:.3f}\s*\|?\s*{low:.3f}"
-            assert re.search(row, text), f"{path} lacks the {locality} water marks {high}/{low}"
+    # The plugin guide's table prints the constants (vLLM's docstring and constants
+    # disagree; ours must not), and no other document restates them.
+    guide = (ROOT / "docs/plugin-guide.md").read_text()
+    for locality, (high, low) in DEFAULT_WATER_MARKS.items():
+        row = rf"\| {locality.value.lower()} +\| {high:.3f} +\| {low:.3f} +\|"
+        assert re.search(row, guide), f"the guide lacks the {locality} water marks {high}/{low}"
+    from kv_offload.tiering import backpressure
+
+    for where, text in (("README", (ROOT / "README.md").read_text()),
+                        ("docstring", backpressure.__doc__ or "")):  # fmt: skip
+        for high, low in DEFAULT_WATER_MARKS.values():
+            assert f"{high:.3f}" not in text and f"{low:.3f}" not in text, where
 
 
 # -- drop policies -----------------------------------------------------------------------
@@ -389,7 +394,7 @@ def test_stores_resume_after_pressure_clears() -> None:
     m.on_schedule_end()
     store(m, 1)
     assert m.tier_stats()[0].dropped_cascades == 1
-    clock.now += 60.0  # idle decay: the average is back under the low mark
+    clock.now += 600.0  # idle decay: the average is back under the low mark
     store(m, 2)
     tier.release()
     m.on_schedule_end()

@@ -14,15 +14,8 @@ every cascade is being dropped) the average halves every ``decay_half_life_s`` s
 tier that recovered gets cascades again. With ``failure_threshold = n`` (0: off), ``n``
 consecutive failed jobs put the tier under pressure too.
 
-The default water marks are :data:`DEFAULT_WATER_MARKS` and appear nowhere else (the docs
-print this table; a test checks them against it):
-
-=========  ======================  =====================  =================================
-locality   ``high_water_s_per_mib``  ``low_water_s_per_mib``  i.e. pressure below / relief above
-=========  ======================  =====================  =================================
-local      0.010                   0.002                  ~100 MiB/s / ~500 MiB/s
-remote     0.050                   0.010                  ~20 MiB/s / ~100 MiB/s
-=========  ======================  =====================  =================================
+The default water marks, by the tier's ``locality``, are :data:`DEFAULT_WATER_MARKS`: the one
+place they are written (the plugin guide prints them in a table a test checks against it).
 
 The built-in drop policies: ``throttled`` drops a share of cascades growing with the
 overshoot (0 at the high water mark, all of them at ``1 + ramp`` times it; the fractions
@@ -35,7 +28,6 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
 
 from ..errors import ConfigError
 from ..plugins.registry import PluginRegistry
@@ -268,9 +260,3 @@ drop_policy_registry: PluginRegistry[DropPolicy] = PluginRegistry(
     DropPolicy,  # type: ignore[type-abstract]  # only used for issubclass checks
     "the backpressure table's drop_policy_module_path",
 )
-
-
-def describe_defaults() -> dict[str, Any]:
-    """The default water marks as plain data (``kv-offload`` docs and tests)."""
-    return {loc.value.lower(): {"high": hw, "low": lw} for loc, (hw, lw) in
-            DEFAULT_WATER_MARKS.items()}  # fmt: skip
