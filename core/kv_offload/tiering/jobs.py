@@ -116,6 +116,28 @@ class JobTable:
             )
             self._finish(JobResult(job_id, success=False), tier)
 
+    def cascade(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> None:
+        """One cascade job of ``keys`` to tier ``index`` (pinning them), unless the tier's
+        gate drops it: then it is counted and ``kv_offload_cascade_dropped`` fires."""
+        gate = self.gates[index]
+        if gate is not None:
+            reason = gate.admit(len(keys))
+            if reason is not None:
+                stats = self.stats[index]
+                stats.dropped_cascades += 1
+                stats.dropped_blocks += len(keys)
+                self._errors.fire(
+                    self._primary.hooks.cascade_dropped,
+                    manager=self._owner,
+                    tier=self._tiers[index].name,
+                    keys=list(keys),
+                    reason=reason,
+                    req_context=ctx,
+                )
+                return
+        slots = self._primary.pin(keys, ctx, "cascade")
+        self.submit(index, JobDirection.STORE, keys, slots, ctx)
+
     def poll(self) -> None:
         """Collect every tier's finished jobs."""
         for tier in self._tiers:

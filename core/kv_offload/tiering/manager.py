@@ -85,7 +85,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._errors = HookErrorLog()
         self._jobs = JobTable(self, primary, self.tiers, self._errors)
         self._gated = any(gate is not None for gate in self._jobs.gates)
-        self._scope = RequestScope(self.tiers)
+        self._scope = RequestScope(self.tiers, primary, self._jobs)
         # (tier index, req_id) -> (context, keys, slots) promotions waiting for the step end
         self._queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
         # req_id -> keys its lookups answered HIT or PENDING (protected from its promotions)
@@ -132,32 +132,10 @@ class TieringOffloadingManager(OffloadingManager):
             if whole is not None:
                 new = set(output.keys_to_store)
                 present = [k for k in keys if k not in new]
-                self._cascade_present(present, whole.tiers, req_context, whole.parked)
+                self._scope.cascade_present(present, whole)
         if self._errors.pending:
             self._errors.raise_pending(output)
         return output
-
-    def _cascade_present(
-        self,
-        keys: list[OffloadKey],
-        tiers: list[int],
-        ctx: ReqContext,
-        parked: list[OffloadKey],
-    ) -> None:
-        """Cascade the readable ``keys`` to ``tiers``; park those still being promoted."""
-        ready = []
-        for key in keys:
-            count = self.primary.ref_count(key)
-            if count is None:
-                continue  # gone (or never there): nothing to send
-            if count >= 0:
-                ready.append(key)
-            elif key in self._jobs.promoting:
-                parked.append(key)
-            # else: an engine store in flight; its complete_store cascades it to every tier
-        if ready:
-            for index in tiers:
-                self._cascade(index, ready, ctx)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.primary.touch(keys, req_context)
@@ -175,7 +153,10 @@ class TieringOffloadingManager(OffloadingManager):
         the engine asks again after its next step instead of recomputing the block. Only the
         tiers the request's ``load_tier_filter`` allows are asked.
         """
-        tier_filter = req_context.load_tier_filter
+        try:
+            tier_filter = req_context.load_tier_filter
+        except AttributeError:  # not a ReqContext: the CPU tier's lookup says so
+            tier_filter = None
         indices = self._scope.all_tiers
         if tier_filter is not None:
             indices = self._scope.allowed(tier_filter)  # raises before anything changed
@@ -230,15 +211,8 @@ class TieringOffloadingManager(OffloadingManager):
         self._submit_queued()
         self._jobs.poll()
         if self._scope.whole:
-            self._flush_parked()
+            self._scope.flush_parked()
         self._errors.raise_pending()
-
-    def _flush_parked(self) -> None:
-        """Cascade parked request-level keys whose promotion landed (see ``prepare_store``)."""
-        for whole in self._scope.whole.values():
-            if whole.parked:
-                keys, whole.parked = whole.parked, []
-                self._cascade_present(keys, whole.tiers, whole.context, whole.parked)
 
     def _submit_queued(self, req_id: str | None = None) -> None:
         for group in [g for g in self._queued if req_id is None or g[1] == req_id]:
@@ -266,33 +240,12 @@ class TieringOffloadingManager(OffloadingManager):
         if success and key_list:
             if self._gated:
                 for index in range(len(self.tiers)):
-                    self._cascade(index, key_list, req_context)
+                    self._jobs.cascade(index, key_list, req_context)
             else:
                 for index in range(len(self.tiers)):
                     slots = self.primary.pin(key_list, req_context, "cascade")
                     self._jobs.submit(index, JobDirection.STORE, key_list, slots, req_context)
         self._errors.raise_pending()
-
-    def _cascade(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> None:
-        """One cascade job of ``keys`` to tier ``index``, unless its gate drops it."""
-        gate = self._jobs.gates[index]
-        if gate is not None:
-            reason = gate.admit(len(keys))
-            if reason is not None:
-                stats = self._jobs.stats[index]
-                stats.dropped_cascades += 1
-                stats.dropped_blocks += len(keys)
-                self._errors.fire(
-                    self.primary.hooks.cascade_dropped,
-                    manager=self,
-                    tier=self.tiers[index].name,
-                    keys=list(keys),
-                    reason=reason,
-                    req_context=ctx,
-                )
-                return
-        slots = self.primary.pin(keys, ctx, "cascade")
-        self._jobs.submit(index, JobDirection.STORE, keys, slots, ctx)
 
     # -- lifecycle ------------------------------------------------------------------------
 

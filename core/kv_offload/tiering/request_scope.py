@@ -18,11 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..cpu import CPUOffloadingManager
 from ..errors import InvalidArgumentError
 from ..keys import OffloadKey
 from ..tier_types import OffloadPolicy, RequestOffloadingContext, TierFilter
 from ..types import ReqContext
 from .base import SecondaryTierManager
+from .jobs import JobTable
 
 __all__ = ["RequestScope", "WholeRequest"]
 
@@ -42,8 +44,12 @@ class WholeRequest:
 class RequestScope:
     """Which requests are request-level (for which tiers) and what each tier filter allows."""
 
-    def __init__(self, tiers: Sequence[SecondaryTierManager]) -> None:
+    def __init__(
+        self, tiers: Sequence[SecondaryTierManager], primary: CPUOffloadingManager, jobs: JobTable
+    ) -> None:
         self._tiers = tiers
+        self._primary = primary
+        self._jobs = jobs
         self._names = [tier.name for tier in tiers]
         #: req_id -> the request-level state of requests some tier wants whole.
         self.whole: dict[str, WholeRequest] = {}
@@ -66,6 +72,29 @@ class RequestScope:
 
     def finish(self, req_id: str) -> None:
         self.whole.pop(req_id, None)
+
+    def cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
+        """Cascade the readable ``keys`` to the request's tiers; park those being promoted."""
+        ready = []
+        for key in keys:
+            count = self._primary.ref_count(key)
+            if count is None:
+                continue  # gone (or never there): nothing to send
+            if count >= 0:
+                ready.append(key)
+            elif key in self._jobs.promoting:
+                whole.parked.append(key)
+            # else: an engine store in flight; its complete_store cascades it to every tier
+        if ready:
+            for index in whole.tiers:
+                self._jobs.cascade(index, ready, whole.context)
+
+    def flush_parked(self) -> None:
+        """Cascade parked keys whose promotion landed (``on_schedule_end``)."""
+        for whole in self.whole.values():
+            if whole.parked:
+                keys, whole.parked = whole.parked, []
+                self.cascade_present(keys, whole)
 
     def allowed(self, tier_filter: TierFilter) -> tuple[int, ...]:
         """The positions of the tiers ``tier_filter`` lets a lookup ask, in order."""
