@@ -14,8 +14,6 @@ builds the error on the slow path.
 from __future__ import annotations
 
 from collections.abc import Collection
-from itertools import compress, repeat
-from operator import is_
 
 from ..block_status import BlockStatus
 from ..errors import ManagerError
@@ -69,7 +67,11 @@ class CPUOffloadingManager(CPUManagerState):
     ) -> tuple[list[OffloadKey], list[BlockStatus | None]]:
         """The keys as a list, with each key's block (``None`` if absent); raises for a bad
         context or an unhashable key before anything changes."""
-        if getattr(req_context, "req_id", None) is None:
+        try:
+            req_id = req_context.req_id
+        except AttributeError:
+            req_id = None
+        if req_id is None:
             check.check_context(req_context, operation)
         key_list = keys if type(keys) is list else check.as_list(keys, operation)
         try:
@@ -115,7 +117,7 @@ class CPUOffloadingManager(CPUManagerState):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
-        key_list = check.as_list(keys, "complete_load")
+        key_list = keys if type(keys) is list else check.as_list(keys, "complete_load")
         self.counters.loaded += self.unpin(key_list, req_context, "complete_load")
         if (hook := self.hooks.blocks_loaded) is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
@@ -199,12 +201,9 @@ class CPUOffloadingManager(CPUManagerState):
         key_list, key_set, blocks = self._unique_blocks_of(keys, req_context, "prepare_store")
         if protected:
             key_set = key_set.union(protected)
-        count = blocks.count(None)
-        if count == len(key_list):
-            to_store = key_list[:]
-        elif count:
-            to_store = list(compress(key_list, map(is_, blocks, repeat(None))))
-        else:
+        to_store = [key for key, block in zip(key_list, blocks) if block is None]
+        count = len(to_store)
+        if not count:
             return _empty_store()
         if (hook := self.hooks.store_admission) is not None:
             answer = hook(manager=self, keys=list(to_store), req_context=req_context)
