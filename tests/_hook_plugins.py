@@ -24,6 +24,7 @@ EVENT_HOOKS = (
     "blocks_evicted",
     "store_failed",
     "tier_job_finished",
+    "cascade_dropped",
     "cache_reset",
     "shutdown",
 )
@@ -108,6 +109,19 @@ class RecordingPlugin:
         )
 
     @hookimpl
+    def kv_offload_cascade_dropped(
+        self, manager: Any, tier: str, keys: list[OffloadKey], reason: str, req_context: ReqContext
+    ) -> None:
+        self._record(
+            "cascade_dropped",
+            manager=manager,
+            tier=tier,
+            keys=keys,
+            reason=reason,
+            req_context=req_context,
+        )
+
+    @hookimpl
     def kv_offload_cache_reset(self, manager: Any) -> None:
         self._record("cache_reset", manager=manager)
 
@@ -168,6 +182,12 @@ class NoOpObserver:
         success: bool,
         nbytes: int,
         req_context: ReqContext,
+    ) -> None:
+        pass
+
+    @hookimpl
+    def kv_offload_cascade_dropped(
+        self, manager: Any, tier: str, keys: list[OffloadKey], reason: str, req_context: ReqContext
     ) -> None:
         pass
 

@@ -38,6 +38,14 @@ from .plugins import (
 from .plugins import hookspecs as hookspecs
 from .plugins.hookspecs import hookimpl, hookspec
 from .policies import CachePolicy, CachePolicyFactory
+from .tier_types import (
+    Locality,
+    Medium,
+    OffloadPolicy,
+    RequestOffloadingContext,
+    TierFilter,
+    TierMatcher,
+)
 from .tiering import (
     JobDirection,
     JobMetadata,
@@ -49,6 +57,7 @@ from .tiering import (
     TieringStats,
     TierStats,
 )
+from .tiering.backpressure import BackpressureDetector, DropPolicy
 from .types import (
     CPULoadStoreSpec,
     LoadStoreSpec,
@@ -113,4 +122,12 @@ __all__ = [
     "PluginValidationError",
     "PrepareStoreOutput",
     "ReqContext",
+    "BackpressureDetector",
+    "DropPolicy",
+    "Locality",
+    "Medium",
+    "OffloadPolicy",
+    "RequestOffloadingContext",
+    "TierFilter",
+    "TierMatcher",
 ]

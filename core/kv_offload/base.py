@@ -18,6 +18,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from .keys import OffloadKey
+from .tier_types import RequestOffloadingContext
 from .types import (
     CPULoadStoreSpec,
     LookupResult,
@@ -52,8 +53,9 @@ class OffloadingManager(ABC):
     # -- request lifecycle ----------------------------------------------------------------
 
     @abstractmethod
-    def on_new_request(self, req_context: ReqContext) -> None:
-        """A request arrived."""
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext | None:
+        """A request arrived. The tiered manager answers with the request's offload policy
+        (``REQUEST_LEVEL`` if a tier asked for the whole request); the CPU manager ``None``."""
 
     @abstractmethod
     def on_request_finished(self, req_context: ReqContext) -> None:

@@ -3,34 +3,40 @@
 Every key, its type and its default (a TOML file may set any subset); the keys are declared
 once, in :mod:`kv_offload.config_schema`, and this table is checked against it by a test:
 
-=========================  =========  ========  ==============================================
-key                        type       default   meaning
-=========================  =========  ========  ==============================================
-``num_blocks``             int > 0    20000     CPU tier size in blocks (or use ``cpu_bytes``)
-``cpu_bytes``              int > 0    unset     CPU tier size in bytes; needs
-                                                ``block_size_bytes``; exclusive with
-                                                ``num_blocks``
-``block_size_bytes``       int > 0    unset     bytes per block; gives the CPU tier a KV
-                                                buffer; required when ``tiers`` is non-empty
-``policy``                 str        "lru"     eviction policy plugin name
-``policy_module_path``     str        unset     module defining the class named ``policy``
-                                                (out-of-tree fallback)
-``allow_module_path``      bool       true      false forbids every ``module_path`` import
-``enable_events``          bool       false     record ``OffloadingEvent`` batches
-``[hooks] autoload``       bool       true      load ``kv_offload.hooks`` entry points
-``[hooks] enable``         list[str]  []        only these hook plugins load (empty: all)
-``[hooks] block``          list[str]  []        these hook plugins never load
-``[hooks.<name>]``         table      unset     settings of hook plugin ``<name>``, checked by
-                                                the plugin's ``parse_settings`` (see
-                                                ``kv_offload.hooks``)
-``[[tiers]] type``         str        required  secondary tier plugin name, in cascade order
-``[[tiers]] name``         str        unset     what stats, events and hooks call the tier
-                                                (default: the type); unique; unnamed repeats
-                                                of a type are ``<position>:<type>`` (``1:fs``,
-                                                ``2:fs``)
-``[[tiers]] module_path``  str        unset     module defining the class named ``type``
-``[[tiers]] <other>``      any                  the tier's own constructor arguments
-=========================  =========  ========  ==============================================
+==========================  =========  ========  ==============================================
+key                         type       default   meaning
+==========================  =========  ========  ==============================================
+``num_blocks``              int > 0    20000     CPU tier size in blocks (or use ``cpu_bytes``)
+``cpu_bytes``               int > 0    unset     CPU tier size in bytes; needs
+                                                 ``block_size_bytes``; exclusive with
+                                                 ``num_blocks``
+``block_size_bytes``        int > 0    unset     bytes per block; gives the CPU tier a KV
+                                                 buffer; required when ``tiers`` is non-empty
+``policy``                  str        "lru"     eviction policy plugin name
+``policy_module_path``      str        unset     module defining the class named ``policy``
+                                                 (out-of-tree fallback)
+``allow_module_path``       bool       true      false forbids every ``module_path`` import
+``enable_events``           bool       false     record ``OffloadingEvent`` batches
+``[hooks] autoload``        bool       true      load ``kv_offload.hooks`` entry points
+``[hooks] enable``          list[str]  []        only these hook plugins load (empty: all)
+``[hooks] block``           list[str]  []        these hook plugins never load
+``[hooks.<name>]``          table      unset     settings of hook plugin ``<name>``, checked by
+                                                 the plugin's ``parse_settings`` (see
+                                                 ``kv_offload.hooks``)
+``[[tiers]] type``          str        required  secondary tier plugin name, in cascade order
+``[[tiers]] name``          str        unset     what stats, events and hooks call the tier
+                                                 (default: the type); unique; unnamed repeats
+                                                 of a type are ``<position>:<type>`` (``1:fs``,
+                                                 ``2:fs``)
+``[[tiers]] module_path``   str        unset     module defining the class named ``type``
+``[[tiers]] locality``      str        unset     "local" or "remote" (tier filters, and the
+                                                 backpressure defaults)
+``[[tiers]] backpressure``  table      unset     the tier's backpressure (cascade gate); see
+                                                 ``kv_offload.tiering.cascade_gate``
+``[backpressure]``          table      unset     default of every tier's ``backpressure`` (a
+                                                 tier's own keys win, key by key)
+``[[tiers]] <other>``       any                  the tier's own constructor arguments
+==========================  =========  ========  ==============================================
 
 Validation runs before anything is built and stops at the first problem, with a message that
 names the key (and, for a TOML file, the file and line); the :class:`~kv_offload.ConfigError`
@@ -74,7 +80,9 @@ __all__ = [
 
 _TOP = {f.name: f for f in TOP_FIELDS}
 _HOOKS = {f.name: f for f in HOOK_FIELDS}
-_TOP_KEYS = {*_TOP, *TABLES}
+#: ``[backpressure]``: the default of every tier's ``backpressure`` table (a tier's own keys
+#: win, key by key); checked by the tier factory with the tier's own table.
+_TOP_KEYS = {*_TOP, *TABLES, "backpressure"}
 _HOOK_KEYS = set(_HOOKS)
 _TIER_KEYS = {f.name for f in TIER_FIELDS}
 
@@ -207,7 +215,10 @@ def parse_config(
                 "load it or remove the table",
             )
 
-    tiers = _parse_tiers(v, data.get("tiers", []))
+    backpressure = data.get("backpressure")
+    if backpressure is not None and not isinstance(backpressure, Mapping):
+        raise v.fail(("backpressure",), f"must be a table, got {backpressure!r}")
+    tiers = _parse_tiers(v, data.get("tiers", []), backpressure)
     if tiers and block_size is None:
         raise v.fail(
             ("block_size_bytes",),
@@ -219,7 +230,9 @@ def parse_config(
     return StackConfig(**top, hooks=hooks, tiers=tuple(tiers), source=source)
 
 
-def _parse_tiers(v: Validator, tiers_data: Any) -> list[TierConfig]:
+def _parse_tiers(
+    v: Validator, tiers_data: Any, backpressure: Mapping[str, Any] | None = None
+) -> list[TierConfig]:
     if not isinstance(tiers_data, list):
         raise v.fail(("tiers",), "must be a list of tables ([[tiers]] in TOML)")
     tiers: list[TierConfig] = []
@@ -232,6 +245,11 @@ def _parse_tiers(v: Validator, tiers_data: Any) -> list[TierConfig]:
         if tier_type is None:
             raise v.fail(prefix, "needs a 'type' naming a tier plugin (e.g. type = \"example\")")
         arguments = {k: val for k, val in tier.items() if k not in _TIER_KEYS}
+        if backpressure is not None:  # the global table under the tier's own keys
+            own = arguments.get("backpressure")
+            if own is not None and not isinstance(own, Mapping):
+                raise v.fail((*prefix, "backpressure"), f"must be a table, got {own!r}")
+            arguments["backpressure"] = {**backpressure, **(own or {})}
         tiers.append(
             TierConfig(tier_type, values.get("module_path"), arguments, values.get("name"))
         )

@@ -172,6 +172,28 @@ _HOOK_SETTINGS_ROW = (
     "settings of hook plugin ``<name>``, checked by the plugin's ``parse_settings`` (see "
     "``kv_offload.hooks``)",
 )
+#: Keys the tier factory handles for every tier (``kv_offload.tiering.factory``), and the
+#: top-level default of one of them.
+_CORE_TIER_ROWS = (
+    (
+        "``[[tiers]] locality``",
+        "str",
+        "unset",
+        '"local" or "remote" (tier filters, and the backpressure defaults)',
+    ),
+    (
+        "``[[tiers]] backpressure``",
+        "table",
+        "unset",
+        "the tier's backpressure (cascade gate); see ``kv_offload.tiering.cascade_gate``",
+    ),
+    (
+        "``[backpressure]``",
+        "table",
+        "unset",
+        "default of every tier's ``backpressure`` (a tier's own keys win, key by key)",
+    ),
+)
 _TIER_ARGUMENTS_ROW = ("``[[tiers]] <other>``", "any", "", "the tier's own constructor arguments")
 
 _MEANING_WIDTH = 46
@@ -204,6 +226,7 @@ def _rows() -> list[tuple[str, str, str, str]]:
         ]
         if table == "hooks":
             rows.append(_HOOK_SETTINGS_ROW)
+    rows += _CORE_TIER_ROWS
     rows.append(_TIER_ARGUMENTS_ROW)
     return rows
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from .errors import InvalidArgumentError
 from .keys import OffloadKey
+from .tier_types import TierFilter
 
 __all__ = [
     "CPULoadStoreSpec",
@@ -42,6 +43,8 @@ class ReqContext:
 
     req_id: str
     kv_transfer_params: dict[str, Any] | None = None
+    #: Which secondary tiers this request's lookups may ask (``None``: all of them).
+    load_tier_filter: TierFilter | None = None
     _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kv_offload import (
+    BackpressureDetector,
     CPUOffloadingManager,
     JobMetadata,
     JobResult,
@@ -12,12 +13,16 @@ from kv_offload import (
     LookupResult,
     OffloadingConfig,
     OffloadKey,
+    OffloadPolicy,
     ReqContext,
+    RequestOffloadingContext,
     TieringOffloadingManager,
     get_offload_block_hash,
     hookspecs,
     make_offload_key,
 )
+from kv_offload.tiering.backpressure import DropAll
+from kv_offload.tiering.cascade_gate import CascadeGate
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -42,11 +47,39 @@ def num(key: OffloadKey) -> int:
     return int.from_bytes(get_offload_block_hash(key), "big")
 
 
+class SwitchedPressure(BackpressureDetector):
+    """A detector the scenario switches: under pressure while ``on`` is set."""
+
+    on = False
+
+    def on_store_completed(self, seconds: float, nbytes: int) -> None:
+        pass
+
+    def under_pressure(self) -> bool:
+        return self.on
+
+    def reset(self) -> None:
+        self.on = False
+
+
 class ScriptedTier(ExampleSecondaryTierManager):
-    """The example tier; ``fail_next_store`` / ``fail_next_load`` fail the next such job."""
+    """The example tier; ``fail_next_store`` / ``fail_next_load`` fail the next such job;
+    ``whole`` names the requests it asks for whole (request-level offload); its cascade
+    gate drops every cascade while ``pressure.on`` is set."""
 
     fail_next_store = False
     fail_next_load = False
+    whole: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pressure = SwitchedPressure()
+        self.cascade_gate = CascadeGate(self.pressure, DropAll(), 0)
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext | None:
+        if req_context.req_id in self.whole:
+            return RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
+        return None
 
     def submit_store(self, job: JobMetadata) -> None:
         if self.fail_next_store:

@@ -68,6 +68,7 @@ def run_script(pm: KVOffloadPluginManager) -> Scripted:
     tier = m.tiers[0]
     assert isinstance(tier, ScriptedTier)
     a, b = ReqContext("a"), ReqContext("b")
+    tier.whole = ("b",)  # b is sent to the tier whole (prefix hits too)
     steps: list[str] = []
 
     def step(label: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -98,6 +99,8 @@ def run_script(pm: KVOffloadPluginManager) -> Scripted:
     step("on_schedule_end#5", m.on_schedule_end)  # ...and fails again
     out = step("prepare_store(b, 6)", m.prepare_store, ks(6), b)
     step("complete_store(b, 6, success=False)", m.complete_store, out.keys_to_store, b, False)
+    tier.pressure.on = True
+    step("prepare_store(b, 0) under pressure", m.prepare_store, ks(0), b)  # cascade dropped
     step("on_request_finished(b)", m.on_request_finished, b)
     step("reset_cache", m.reset_cache)
     step("shutdown", m.shutdown)
@@ -248,6 +251,7 @@ def test_hooks_fire_in_order_within_each_call(scripted: Scripted) -> None:
         "on_schedule_end#5": ["store_failed", "tier_job_finished"],
         "prepare_store(b, 6)": ["store_admission"],
         "complete_store(b, 6, success=False)": ["store_failed"],
+        "prepare_store(b, 0) under pressure": ["cascade_dropped"],
         "on_request_finished(b)": ["request_finished"],
         "reset_cache": ["cache_reset"],
         "shutdown": ["cache_reset", "shutdown"],
@@ -297,6 +301,18 @@ def test_batches_are_one_call_not_one_per_block(pm: KVOffloadPluginManager) -> N
         ("blocks_evicted", "CPU"): 40,
         ("store_failed", "CPU"): 40,
     }
+
+
+def test_hook_cascade_dropped(scripted: Scripted) -> None:
+    # b's block 0 is in the CPU tier; b is request-level, so prepare_store cascades it, and
+    # the tier's gate sheds that cascade.
+    assert scripted.calls("cascade_dropped") == [
+        (
+            "prepare_store(b, 0) under pressure",
+            {"manager": "tiered", "tier": TIER, "keys": [0], "reason": "pressure",
+             "req_context": "b"},
+        ),
+    ]  # fmt: skip
 
 
 def test_every_hookspec_is_documented_and_has_a_test() -> None:

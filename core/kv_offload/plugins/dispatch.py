@@ -125,6 +125,7 @@ class HookCallers:
     blocks_evicted: Dispatch | None
     store_failed: Dispatch | None
     tier_job_finished: Dispatch | None
+    cascade_dropped: Dispatch | None
     cache_reset: Dispatch | None
     shutdown: Dispatch | None
     store_admission: Dispatch | None

@@ -97,6 +97,16 @@ def kv_offload_tier_job_finished(
 
 
 @hookspec
+def kv_offload_cascade_dropped(
+    manager: Any, tier: str, keys: list[OffloadKey], reason: str, req_context: ReqContext
+) -> None:
+    """The tiered manager shed a cascade of ``keys`` to ``tier`` instead of submitting it:
+    ``reason`` is ``"pressure"`` (the tier's backpressure detector and drop policy said so)
+    or ``"in_flight_limit"`` (``max_in_flight_jobs`` cascades already in flight). The blocks
+    stay in the CPU tier. Result unused."""
+
+
+@hookspec
 def kv_offload_cache_reset(manager: Any) -> None:
     """``reset_cache`` emptied the CPU tier. Result unused."""
 

@@ -13,13 +13,17 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ..keys import OffloadKey
+from ..tier_types import Locality, Medium, RequestOffloadingContext
 from ..types import ReqContext
+
+if TYPE_CHECKING:
+    from .cascade_gate import CascadeGate
 
 __all__ = [
     "JobDirection",
@@ -85,7 +89,16 @@ class SecondaryTierManager(ABC):
     where ``arguments`` are the tier's own config keys. ``primary_kv_view`` is a writable
     memoryview of the CPU KV buffer, shape ``(num_blocks, block_size_bytes)``; wrap it with
     ``numpy.asarray`` to copy rows.
+
+    ``medium`` (a class attribute) and ``locality`` (set from the ``[[tiers]]`` key of that
+    name) describe the tier for per-request tier filters and the backpressure defaults;
+    ``None`` means unknown (a filter's matcher then matches it). ``cascade_gate`` is set by
+    the factory from the tier's ``backpressure`` table (``None``: cascades never dropped).
     """
+
+    medium: ClassVar[Medium | None] = None
+    locality: Locality | None = None
+    cascade_gate: CascadeGate | None = None
 
     def __init__(
         self, config: OffloadingConfig, primary_kv_view: memoryview, tier_type: str
@@ -143,6 +156,13 @@ class SecondaryTierManager(ABC):
     @abstractmethod
     def get_finished(self) -> Iterable[JobResult]:
         """Results of the jobs that finished since the last call, each reported once."""
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext | None:
+        """A request arrived. Answer ``RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)``
+        to be sent every block of the request, prefix hits already in the CPU tier included
+        (e.g. a prefill node publishing whole requests to a shared tier); ``None`` (the
+        default) or ``CHUNK_LEVEL``: only the blocks the request stores."""
+        return None
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:  # noqa: B027
         """The blocks were used by a request (recency for the tier's own eviction)."""

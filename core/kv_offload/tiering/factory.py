@@ -3,8 +3,9 @@
 ``config["type"]`` names the tier and resolves like a policy name (runtime registration, then
 ``kv_offload.tiers`` entry points, then ``config["module_path"]``). ``module_path`` is only a
 loading hint and ``name`` sets the tier's :attr:`~SecondaryTierManager.name` after
-construction (see :mod:`kv_offload.tiering.names`); every other key is a constructor argument
-of the tier.
+construction (see :mod:`kv_offload.tiering.names`); ``locality`` sets its
+:attr:`~SecondaryTierManager.locality` and ``backpressure`` its cascade gate (see
+:mod:`kv_offload.tiering.cascade_gate`). Every other key is a constructor argument of the tier.
 """
 
 from __future__ import annotations
@@ -13,16 +14,20 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError, KVOffloadError, PluginError
+from ..errors import ConfigError, InvalidArgumentError, KVOffloadError, PluginError
 from ..plugins.registry import PluginInfo, PluginRegistry
+from ..tier_types import Locality
 from .base import OffloadingConfig, SecondaryTierManager
+from .cascade_gate import build_gate
 
 __all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_arguments"]
 
 TIER_ENTRY_POINT_GROUP = "kv_offload.tiers"
 _RESERVED = ("config", "primary_kv_view", "tier_type")
 #: Keys of a tier config that are kv-offload's, not constructor arguments.
-_NOT_ARGUMENTS = ("type", "module_path", "name")
+_NOT_ARGUMENTS = ("type", "module_path", "name", "locality", "backpressure")
+#: Of those, the ones a config passes along with the tier's arguments.
+_CORE_ARGUMENTS = ("locality", "backpressure")
 
 _registry: PluginRegistry[SecondaryTierManager] = PluginRegistry(
     "tier",
@@ -93,7 +98,27 @@ class SecondaryTierFactory:
         name = config.get("name")
         if name is not None and name != tier.name:
             _set_name(tier, tier_type, name)
+        try:
+            _set_core_arguments(tier, config)
+        except BaseException:
+            tier.shutdown()
+            raise
         return tier
+
+
+def _set_core_arguments(tier: SecondaryTierManager, config: Mapping[str, Any]) -> None:
+    if config.get("locality") is not None:
+        tier.locality = _locality(tier.tier_type, config["locality"])
+    tier.cascade_gate = build_gate(
+        config.get("backpressure"), tier.name, tier.locality or Locality.LOCAL
+    )
+
+
+def _locality(tier_type: str, value: object) -> Locality:
+    try:
+        return Locality.parse(value, f"tier {tier_type!r}")
+    except InvalidArgumentError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _set_name(tier: SecondaryTierManager, tier_type: str, name: object) -> None:
@@ -115,6 +140,11 @@ def check_tier_arguments(
 ) -> None:
     """Reject config keys the tier's constructor does not take, naming tier and key."""
     parameters = inspect.signature(tier_cls.__init__).parameters
+    locality = Locality.LOCAL
+    if arguments.get("locality") is not None:
+        locality = _locality(tier_type, arguments["locality"])
+    build_gate(arguments.get("backpressure"), tier_type, locality)  # names and values
+    arguments = {k: v for k, v in arguments.items() if k not in _CORE_ARGUMENTS}
     for key in arguments:
         if key in _RESERVED:
             raise ConfigError(

@@ -5,6 +5,9 @@
   during a scheduler step go out at ``on_schedule_end()`` as one job per (tier, request).
 * Every job ends in exactly one result. A failed or crashed job releases its pins; a failed
   promotion frees its slot, so the key is a ``MISS`` in the CPU tier again.
+* A tier with a cascade gate (backpressure on, :mod:`kv_offload.tiering.cascade_gate`) has
+  its cascade jobs timed from submission to the poll that collects the result, and the gate
+  told; tiers without one pay nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class _Job:
     tier: int
     meta: JobMetadata
     submitted: float  # time.perf_counter() at submission
+    started: float = 0.0  # time.monotonic() at submission (gated cascades only)
 
 
 class JobTable:
@@ -55,6 +59,8 @@ class JobTable:
         self._jobs: dict[int, _Job] = {}
         self._next_id = 0
         self.stats = [TierStats(tier.name) for tier in tiers]
+        #: Each tier's cascade gate, or ``None`` (no backpressure for it).
+        self.gates = [tier.cascade_gate for tier in tiers]
         #: Keys whose promotion is queued or in flight.
         self.promoting: set[OffloadKey] = set()
 
@@ -63,6 +69,21 @@ class JobTable:
 
     def reset_stats(self) -> None:
         self.stats = [TierStats(s.name) for s in self.stats]
+        for gate in self.gates:
+            if gate is not None:
+                gate.reset()
+
+    def tier_stats(self) -> list[TierStats]:
+        """A copy of every tier's counters, with the gates' figures filled in."""
+        out = []
+        for stats, gate in zip(self.stats, self.gates):
+            copy = TierStats(**vars(stats))
+            if gate is not None:
+                copy.cascades_in_flight = gate.in_flight
+                copy.peak_cascades_in_flight = gate.peak_in_flight
+                copy.backpressure = gate.detector.stats()
+            out.append(copy)
+        return out
 
     def submit(
         self,
@@ -76,7 +97,9 @@ class JobTable:
         job_id = self._next_id
         self._next_id += 1
         meta = JobMetadata(job_id, keys, np.asarray(slots, np.int64), direction, ctx)
-        self._jobs[job_id] = _Job(index, meta, time.perf_counter())
+        job = self._jobs[job_id] = _Job(index, meta, time.perf_counter())
+        if direction is JobDirection.STORE and self.gates[index] is not None:
+            job.started = time.monotonic()
         tier = self._tiers[index]
         try:
             if direction is JobDirection.LOAD:
@@ -93,6 +116,28 @@ class JobTable:
                 len(keys),
             )
             self._finish(JobResult(job_id, success=False), tier)
+
+    def cascade(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> None:
+        """One cascade job of ``keys`` to tier ``index`` (pinning them), unless the tier's
+        gate drops it: then it is counted and ``kv_offload_cascade_dropped`` fires."""
+        gate = self.gates[index]
+        if gate is not None:
+            reason = gate.admit(len(keys))
+            if reason is not None:
+                stats = self.stats[index]
+                stats.dropped_cascades += 1
+                stats.dropped_blocks += len(keys)
+                self._errors.fire(
+                    self._primary.hooks.cascade_dropped,
+                    manager=self._owner,
+                    tier=self._tiers[index].name,
+                    keys=list(keys),
+                    reason=reason,
+                    req_context=ctx,
+                )
+                return
+        slots = self._primary.pin(keys, ctx, "cascade")
+        self.submit(index, JobDirection.STORE, keys, slots, ctx)
 
     def poll(self) -> None:
         """Collect every tier's finished jobs."""
@@ -149,6 +194,9 @@ class JobTable:
             event_hook = hooks.blocks_loaded if result.success else None
         else:
             self._primary.unpin(keys, meta.req_context, "cascade")
+            gate = self.gates[job.tier]
+            if gate is not None:
+                gate.finished(result.success, time.monotonic() - job.started, nbytes)
             if result.success:
                 stats.cascaded_blocks += len(keys)
                 stats.bytes_written += nbytes

@@ -5,6 +5,9 @@
 * A CPU miss that a tier has reserves a CPU slot (a pending store in the CPU tier, so ``lookup``
   answers ``PENDING`` and the slot cannot be evicted) and queues a promotion, submitted at
   ``on_schedule_end()``.
+* A tier with backpressure on has a cascade gate that may drop cascades to it
+  (:mod:`kv_offload.tiering.cascade_gate`); request-level offload and per-request tier
+  filters live in :mod:`kv_offload.tiering.request_scope`.
 
 It drives the CPU manager through its public API only, and records the tiers' events in the
 CPU manager's event log, so one log holds the whole stack's events in order.
@@ -13,7 +16,8 @@ CPU manager's event log, so one log holds the whole stack's events in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
@@ -22,6 +26,7 @@ from ..cpu.validation import as_list, short
 from ..errors import ConfigError, KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
+from ..tier_types import Locality, RequestOffloadingContext
 from ..types import (
     CPULoadStoreSpec,
     LookupResult,
@@ -31,7 +36,9 @@ from ..types import (
     ReqContext,
 )
 from .base import JobDirection, SecondaryTierManager
+from .cascade_gate import build_gate
 from .jobs import JobTable
+from .request_scope import RequestScope
 from .stats import TieringStats, TierStats
 
 __all__ = ["TieringOffloadingManager"]
@@ -43,7 +50,11 @@ _PENDING = LookupResult.PENDING
 
 
 class TieringOffloadingManager(OffloadingManager):
-    """The manager API over a CPU tier (``primary``) and secondary ``tiers``."""
+    """The manager API over a CPU tier (``primary``) and secondary ``tiers``.
+
+    ``backpressure`` is the default ``backpressure`` table of tiers that have no cascade gate
+    of their own (a config's global ``[backpressure]``); ``None`` leaves them ungated.
+    """
 
     def __init__(
         self,
@@ -51,6 +62,7 @@ class TieringOffloadingManager(OffloadingManager):
         secondary_tiers: Sequence[SecondaryTierManager],
         *,
         drain_timeout: float = 30.0,
+        backpressure: Mapping[str, Any] | None = None,
     ) -> None:
         if primary.kv_buffer is None:
             raise ConfigError(
@@ -65,8 +77,15 @@ class TieringOffloadingManager(OffloadingManager):
         self.tiers: list[SecondaryTierManager] = list(secondary_tiers)
         self.drain_timeout = drain_timeout
         self.plugin_manager = primary.plugin_manager
+        if backpressure is not None:
+            for tier in self.tiers:
+                if tier.cascade_gate is None:
+                    locality = tier.locality or Locality.LOCAL
+                    tier.cascade_gate = build_gate(backpressure, tier.name, locality)
         self._errors = HookErrorLog()
         self._jobs = JobTable(self, primary, self.tiers, self._errors)
+        self._gated = any(gate is not None for gate in self._jobs.gates)
+        self._scope = RequestScope(self.tiers, primary, self._jobs)
         # (tier index, req_id) -> (context, keys, slots) promotions waiting for the step end
         self._queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
         # req_id -> keys its lookups answered HIT or PENDING (protected from its promotions)
@@ -78,8 +97,11 @@ class TieringOffloadingManager(OffloadingManager):
 
     # -- delegated parts of the manager API -----------------------------------------------
 
-    def on_new_request(self, req_context: ReqContext) -> None:
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """Start the request in the CPU tier and ask every tier for its offload policy:
+        ``REQUEST_LEVEL`` if any tier wants the whole request, else ``CHUNK_LEVEL``."""
         self.primary.on_new_request(req_context)
+        return self._scope.start(req_context)
 
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
@@ -97,13 +119,21 @@ class TieringOffloadingManager(OffloadingManager):
         protected: Collection[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
         """The CPU tier's ``prepare_store``; if blocks pinned by finished cascades are in the
-        way, collect those tier results first and try once more."""
+        way, collect those tier results first and try once more. For a request some tiers
+        want whole, its blocks already in the CPU tier are cascaded to those tiers."""
         output = self.primary.prepare_store(keys, req_context, protected=protected)
         if output is None and len(self._jobs):
             self._jobs.poll()
             output = self._errors.call(
                 self.primary.prepare_store, keys, req_context, protected=protected
             )
+        if output is not None and self._scope.whole:
+            whole = self._scope.whole.get(req_context.req_id)
+            if whole is not None:
+                new = set(output.keys_to_store)
+                present = [k for k in keys if k not in new]
+                self._scope.cascade_present(present, whole)
+        if self._errors.pending:
             self._errors.raise_pending(output)
         return output
 
@@ -120,8 +150,16 @@ class TieringOffloadingManager(OffloadingManager):
 
         A tier answering ``None`` ("ask again": its store is in flight, or its existence check
         has not finished) makes the answer ``PENDING`` unless a later tier holds the key, so
-        the engine asks again after its next step instead of recomputing the block.
+        the engine asks again after its next step instead of recomputing the block. Only the
+        tiers the request's ``load_tier_filter`` allows are asked.
         """
+        try:
+            tier_filter = req_context.load_tier_filter
+        except AttributeError:  # not a ReqContext: the CPU tier's lookup says so
+            tier_filter = None
+        indices = self._scope.all_tiers
+        if tier_filter is not None:
+            indices = self._scope.allowed(tier_filter)  # raises before anything changed
         result = self.primary.lookup(key, req_context)
         if not self.tiers:
             return result
@@ -131,10 +169,11 @@ class TieringOffloadingManager(OffloadingManager):
             self._found.setdefault(req_context.req_id, set()).add(key)
             return result
         ask_again = False
+        tiers = self.tiers
         stats = self._jobs.stats
-        for index, tier in enumerate(self.tiers):
+        for index in indices:
             stats[index].lookups += 1
-            held = tier.lookup(key, req_context)
+            held = tiers[index].lookup(key, req_context)
             if held is True:
                 answer = self._reserve_promotion(index, key, req_context)
                 if answer is _PENDING:
@@ -173,6 +212,8 @@ class TieringOffloadingManager(OffloadingManager):
                 logger.exception("tier %r raised from on_schedule_end(); ignored", tier.name)
         self._submit_queued()
         self._jobs.poll()
+        if self._scope.whole:
+            self._scope.flush_parked()
         self._errors.raise_pending()
 
     def _submit_queued(self, req_id: str | None = None) -> None:
@@ -199,9 +240,13 @@ class TieringOffloadingManager(OffloadingManager):
         # The CPU store is done even if one of its hooks raised: cascade it, then report.
         self._errors.call(self.primary.complete_store, key_list, req_context, success)
         if success and key_list:
-            for index in range(len(self.tiers)):
-                slots = self.primary.pin(key_list, req_context, "cascade")
-                self._jobs.submit(index, JobDirection.STORE, key_list, slots, req_context)
+            if self._gated:
+                for index in range(len(self.tiers)):
+                    self._jobs.cascade(index, key_list, req_context)
+            else:
+                for index in range(len(self.tiers)):
+                    slots = self.primary.pin(key_list, req_context, "cascade")
+                    self._jobs.submit(index, JobDirection.STORE, key_list, slots, req_context)
         self._errors.raise_pending()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -209,6 +254,8 @@ class TieringOffloadingManager(OffloadingManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._submit_queued(req_context.req_id)
         self._found.pop(req_context.req_id, None)
+        if self._scope.whole:
+            self._scope.finish(req_context.req_id)
         for tier in self.tiers:
             tier.on_request_finished(req_context)
         self._errors.call(self.primary.on_request_finished, req_context)
@@ -232,12 +279,21 @@ class TieringOffloadingManager(OffloadingManager):
         return self.primary.take_events()
 
     def reset_cache(self) -> None:
-        """Drain tier jobs, then empty the CPU tier. Secondary tiers keep their blocks: they
-        may be shared with other engines."""
-        self._drain()
+        """Cancel the queued promotions (never submitted), wait for every tier job in flight,
+        then empty the CPU tier, so no promotion lands in the reset cache. Tier counters and
+        backpressure measurements restart; secondary tiers keep their blocks (they may be
+        shared with other engines). If a tier does not report in time the drain raises
+        :class:`~kv_offload.errors.ManagerError` and nothing is reset."""
+        for ctx, keys, _ in self._queued.values():
+            self._jobs.promoting.difference_update(keys)
+            self._errors.call(self.primary.complete_store, keys, ctx, False)
+        self._queued.clear()
+        self._jobs.drain(self.drain_timeout)
         self._errors.call(self.primary.reset_cache)
         self._jobs.promoting.clear()
         self._found.clear()
+        for whole in self._scope.whole.values():
+            whole.parked.clear()
         self._jobs.reset_stats()
         self._errors.raise_pending()
 
@@ -253,7 +309,7 @@ class TieringOffloadingManager(OffloadingManager):
         return self.primary.get_stats()
 
     def tier_stats(self) -> list[TierStats]:
-        return [TierStats(**vars(s)) for s in self._jobs.stats]
+        return self._jobs.tier_stats()
 
     def shutdown(self) -> None:
         """Drain, shut the CPU tier down (tiers with hooks still hear its events), then every

@@ -11,8 +11,9 @@ __all__ = ["TierStats", "TieringStats"]
 
 @dataclass
 class TierStats:
-    """Counters of one secondary tier, cumulative. ``lookups`` counts the CPU misses this
-    tier was asked about, ``lookup_hits`` those it held."""
+    """Counters of one secondary tier, cumulative (restart at zero on ``reset_cache``).
+    ``lookups`` counts the CPU misses this tier was asked about, ``lookup_hits`` those it
+    held."""
 
     name: str
     lookup_hits: int = 0
@@ -24,6 +25,14 @@ class TierStats:
     bytes_written: int = 0
     bytes_read: int = 0
     lookups: int = 0  # last: existing positional uses keep their meaning
+    #: Cascade jobs (and their blocks) shed by the tier's backpressure gate.
+    dropped_cascades: int = 0
+    dropped_blocks: int = 0
+    #: Cascade jobs in flight to the tier now, and the most at once (gated tiers only).
+    cascades_in_flight: int = 0
+    peak_cascades_in_flight: int = 0
+    #: The gate's detector figures (e.g. ``store_s_per_mib``); empty without a gate.
+    backpressure: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

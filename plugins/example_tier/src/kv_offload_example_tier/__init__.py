@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from kv_offload import OffloadKey, ReqContext
+from kv_offload import Medium, OffloadKey, ReqContext
 from kv_offload.errors import ConfigError
 from kv_offload.tier import JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
 
@@ -34,6 +34,8 @@ class ExampleSecondaryTierManager(SecondaryTierManager):
     ``capacity_blocks`` bounds the tier; when full, storing evicts the least recently used
     block. Rows are allocated in chunks and reused, so steady-state copies go to warm memory.
     """
+
+    medium = Medium.CPU  # RAM, like vLLM's example tier
 
     def __init__(
         self,

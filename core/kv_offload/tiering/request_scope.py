@@ -1,0 +1,123 @@
+"""Per-request choices of the tiered manager: request-level offload and tier filters.
+
+* **Request-level offload** (vLLM's ``OffloadPolicy.REQUEST_LEVEL``). A tier whose
+  ``on_new_request`` answers ``REQUEST_LEVEL`` is sent every block of that request: besides
+  the usual cascade of the blocks the request stores, ``prepare_store`` cascades the
+  request's blocks that are already in the CPU tier (prefix hits) to those tiers. A block
+  still being written by an engine store is cascaded to every tier when that store completes
+  (the usual cascade); one still being promoted from a tier is parked and cascaded at a later
+  ``on_schedule_end`` once it landed (dropped if the promotion failed, or when the request
+  finishes first). Requests no tier asked about cost nothing.
+* **Tier filters** (``ReqContext.load_tier_filter``, vLLM's ``TierFilter``): the tiers a
+  request's ``lookup`` may ask, resolved once per distinct filter to tier positions. A filter
+  naming a tier the stack does not have is an :class:`~kv_offload.errors.InvalidArgumentError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..cpu import CPUOffloadingManager
+from ..errors import InvalidArgumentError
+from ..keys import OffloadKey
+from ..tier_types import OffloadPolicy, RequestOffloadingContext, TierFilter
+from ..types import ReqContext
+from .base import SecondaryTierManager
+from .jobs import JobTable
+
+__all__ = ["RequestScope", "WholeRequest"]
+
+_CHUNK = RequestOffloadingContext()
+_REQUEST = RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
+
+
+@dataclass
+class WholeRequest:
+    """A request some tiers want whole: those tiers' positions, and its parked keys."""
+
+    context: ReqContext
+    tiers: list[int]
+    parked: list[OffloadKey] = field(default_factory=list)
+
+
+class RequestScope:
+    """Which requests are request-level (for which tiers) and what each tier filter allows."""
+
+    def __init__(
+        self, tiers: Sequence[SecondaryTierManager], primary: CPUOffloadingManager, jobs: JobTable
+    ) -> None:
+        self._tiers = tiers
+        self._primary = primary
+        self._jobs = jobs
+        self._names = [tier.name for tier in tiers]
+        #: req_id -> the request-level state of requests some tier wants whole.
+        self.whole: dict[str, WholeRequest] = {}
+        self._allowed: dict[TierFilter, tuple[int, ...]] = {}
+        #: Every tier position, in cascade order (no filter).
+        self.all_tiers = tuple(range(len(tiers)))
+
+    def start(self, ctx: ReqContext) -> RequestOffloadingContext:
+        """Ask every tier for its policy; ``REQUEST_LEVEL`` if any tier wants the request."""
+        wanted = []
+        for index, tier in enumerate(self._tiers):
+            answer = tier.on_new_request(ctx)
+            if answer is not None and answer.policy is OffloadPolicy.REQUEST_LEVEL:
+                wanted.append(index)
+        if not wanted:
+            self.whole.pop(ctx.req_id, None)
+            return _CHUNK
+        self.whole[ctx.req_id] = WholeRequest(ctx, wanted)
+        return _REQUEST
+
+    def finish(self, req_id: str) -> None:
+        self.whole.pop(req_id, None)
+
+    def cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
+        """Cascade the readable ``keys`` to the request's tiers; park those being promoted."""
+        ready = []
+        for key in keys:
+            count = self._primary.ref_count(key)
+            if count is None:
+                continue  # gone (or never there): nothing to send
+            if count >= 0:
+                ready.append(key)
+            elif key in self._jobs.promoting:
+                whole.parked.append(key)
+            # else: an engine store in flight; its complete_store cascades it to every tier
+        if ready:
+            for index in whole.tiers:
+                self._jobs.cascade(index, ready, whole.context)
+
+    def flush_parked(self) -> None:
+        """Cascade parked keys whose promotion landed (``on_schedule_end``)."""
+        for whole in self.whole.values():
+            if whole.parked:
+                keys, whole.parked = whole.parked, []
+                self.cascade_present(keys, whole)
+
+    def allowed(self, tier_filter: TierFilter) -> tuple[int, ...]:
+        """The positions of the tiers ``tier_filter`` lets a lookup ask, in order."""
+        found = self._allowed.get(tier_filter)
+        if found is not None:
+            return found
+        if not isinstance(tier_filter, TierFilter):
+            raise InvalidArgumentError(
+                f"ReqContext.load_tier_filter must be a kv_offload.TierFilter or None, got "
+                f"{tier_filter!r}"
+            )
+        if tier_filter.tiers is not None:
+            unknown = sorted(set(tier_filter.tiers) - set(self._names))
+            if unknown:
+                raise InvalidArgumentError(
+                    f"TierFilter names tier(s) {', '.join(map(repr, unknown))} that this stack "
+                    f"does not have; its tiers are: {', '.join(map(repr, self._names)) or 'none'}"
+                )
+        allowed = tuple(
+            index
+            for index, tier in enumerate(self._tiers)
+            if tier_filter.allows(tier.name, tier.medium, tier.locality)
+        )
+        if len(self._allowed) < 256:  # filters are few; never let a stream of them grow this
+            self._allowed[tier_filter] = allowed
+        return allowed
