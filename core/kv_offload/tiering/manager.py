@@ -134,7 +134,12 @@ class TieringOffloadingManager(OffloadingManager):
         stats = self._jobs.stats
         for index, tier in enumerate(self.tiers):
             stats[index].lookups += 1
-            held = tier.lookup(key, req_context)
+            try:
+                held = tier.lookup(key, req_context)
+            except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
+                stats[index].lookup_errors += 1
+                self._jobs.faults.report(tier.name, "lookup", exc, "the key is a miss there")
+                continue
             if held is True:
                 answer = self._reserve_promotion(index, key, req_context)
                 if answer is _PENDING:

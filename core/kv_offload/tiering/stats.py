@@ -12,7 +12,9 @@ __all__ = ["TierStats", "TieringStats"]
 @dataclass
 class TierStats:
     """Counters of one secondary tier, cumulative. ``lookups`` counts the CPU misses this
-    tier was asked about, ``lookup_hits`` those it held."""
+    tier was asked about, ``lookup_hits`` those it held. ``lookup_errors`` and
+    ``submit_errors`` count the calls to its ``lookup`` and ``submit_*`` that raised (see
+    :mod:`kv_offload.tiering.faults`)."""
 
     name: str
     lookups: int = 0
@@ -24,6 +26,8 @@ class TierStats:
     failed_cascades: int = 0
     bytes_written: int = 0
     bytes_read: int = 0
+    lookup_errors: int = 0
+    submit_errors: int = 0
 
 
 @dataclass(frozen=True)
