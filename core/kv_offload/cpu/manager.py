@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ..block_status import BlockStatus
+from ..errors import PluginError
 from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
+from . import eviction
 from . import validation as check
 from .state import MEDIUM_CPU, CPUManagerState
 
@@ -216,13 +218,21 @@ class CPUOffloadingManager(CPUManagerState):
         if shortfall > 0:
             victims = None
             if shortfall <= slots.num_evictable:
-                victims = self._policy.evict(shortfall, key_set)
+                try:
+                    victims = self._policy.evict(shortfall, key_set)
+                except Exception as exc:
+                    raise eviction.mark_failed(self, exc) from exc
             if victims is None:
                 self.counters.rejected_stores += 1
                 return None
-            keys_out, blocks_out = check.victims(
-                victims, shortfall, key_set, slots, self.cache_policy_name
-            )
+            try:
+                keys_out, blocks_out = check.victims(
+                    victims, shortfall, key_set, slots, self.cache_policy_name
+                )
+            except PluginError as exc:
+                if not eviction.put_back(self, victims):
+                    raise eviction.mark_failed(self, exc) from exc
+                raise
             slots.release_idle(blocks_out)
             self.counters.evictions += shortfall
             evicted = list(keys_out)

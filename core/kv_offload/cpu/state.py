@@ -206,6 +206,7 @@ class CPUManagerState(OffloadingManager):
         """
         self._policy.clear()
         self._slots.clear()
+        self._get = self._policy.fast_get()  # also recovers a failed manager (cpu/eviction.py)
         self.counters = Counters()
         if (hook := self.hooks.cache_reset) is not None:
             hook(manager=self)
