@@ -70,7 +70,11 @@ class CPUOffloadingManager(CPUManagerState):
     ) -> tuple[list[OffloadKey], list[BlockStatus | None]]:
         """The keys as a list, with each key's block (``None`` if absent); raises for a bad
         context or an unhashable key before anything changes."""
-        if getattr(req_context, "req_id", None) is None:
+        try:
+            req_id = req_context.req_id
+        except AttributeError:
+            req_id = None
+        if req_id is None:
             check.check_context(req_context, operation)
         key_list = keys if type(keys) is list else check.as_list(keys, operation)
         try:
@@ -118,7 +122,7 @@ class CPUOffloadingManager(CPUManagerState):
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
-        key_list = check.as_list(keys, "complete_load")
+        key_list = keys if type(keys) is list else check.as_list(keys, "complete_load")
         self.counters.loaded += self.unpin(key_list, req_context, "complete_load")
         if (hook := self.hooks.blocks_loaded) is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)

@@ -16,13 +16,15 @@ policy's business, and which calls are legal the manager's.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any
 
 from ..block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
 
 __all__ = ["SlotTable"]
 
-Blocks = list[BlockStatus | None]
+#: A batch's blocks, ``None`` for an absent key. Typed ``Any`` so the checked loops below index
+#: the table and hand the batch back as ``list[BlockStatus]`` without a cast call per batch.
+Blocks = list[Any]
 
 
 class SlotTable:
@@ -66,16 +68,15 @@ class SlotTable:
         for block in blocks:
             if block is None or refs[block] < 0:
                 return None
-        ready = cast("list[BlockStatus]", blocks)
         newly_pinned = 0
-        for block in ready:
+        for block in blocks:
             count = refs[block]
             if not count:
                 newly_pinned += 1
             refs[block] = count + 1
         self.num_evictable -= newly_pinned
         self.num_pinned += newly_pinned
-        return ready
+        return blocks
 
     def unpin(self, blocks: Blocks) -> list[BlockStatus] | None:
         """One reader less per block, if every block is pinned (else ``None``)."""
@@ -83,16 +84,15 @@ class SlotTable:
         for block in blocks:
             if block is None or refs[block] <= 0:
                 return None
-        pinned = cast("list[BlockStatus]", blocks)
         released = 0
-        for block in pinned:
+        for block in blocks:
             count = refs[block] - 1
             if not count:
                 released += 1
             refs[block] = count
         self.num_evictable += released
         self.num_pinned -= released
-        return pinned
+        return blocks
 
     def finish_store(self, blocks: Blocks, success: bool) -> bool:
         """If every block is pending and listed once, make them idle (``success``) or free;
@@ -101,16 +101,16 @@ class SlotTable:
         for block in blocks:
             if block is None or refs[block] != PENDING_REF_CNT:
                 return False
-        if len(set(blocks)) != len(blocks):
+        count = len(blocks)
+        if len(set(blocks)) != count:
             return False
-        pending = cast("list[BlockStatus]", blocks)
-        self.num_pending -= len(pending)
+        self.num_pending -= count
         if success:
-            for block in pending:
+            for block in blocks:
                 refs[block] = 0
-            self.num_evictable += len(pending)
+            self.num_evictable += count
         else:
-            self.free.extend(pending)
+            self.free.extend(blocks)
         return True
 
     # -- unchecked changes (the caller checked) ---------------------------------------------
@@ -124,7 +124,9 @@ class SlotTable:
         """``count`` slots, marked pending: never-used slots first, then freed ones."""
         free = self.free
         refs = self.refs
-        fresh = min(self.num_blocks - self.num_allocated, count)
+        fresh = self.num_blocks - self.num_allocated
+        if fresh > count:
+            fresh = count
         reused: list[BlockStatus] = []
         if fresh < count:
             cut = len(free) - (count - fresh)
