@@ -71,8 +71,12 @@ def match_reference(
                     continue
             new = [blocks.new(rng.choice((0, 0, 0, 0, PENDING_REF_CNT))) for _ in to_store]
             policy.insert_many(to_store, new)
-            for key, block in zip(to_store, new):
-                ref.insert(key, block)
+            insert_many = getattr(ref, "insert_many", None)  # a reference that needs the batch
+            if insert_many is not None:
+                insert_many(to_store, new)
+            else:
+                for key, block in zip(to_store, new):
+                    ref.insert(key, block)
         elif op < 0.72:
             policy.touch(keys, CTX)
             ref.touch(keys)

@@ -293,7 +293,8 @@ def _bare_lru_hit_ratio(trace: Path, capacity: int) -> float:
         for line in handle:
             if not line.strip():
                 continue
-            ids = json.loads(line)["hash_ids"]
+            record = json.loads(line)
+            ids = record["hash_ids"][: record["input_length"] // 512]  # full blocks only
             hits = 0
             for block in ids:
                 if block not in cache:
@@ -327,7 +328,8 @@ def test_replay_lru_matches_a_bare_dict_lru(tmp_path: Path) -> None:
         stdout, stderr = child.communicate(timeout=300)
     assert child.returncode == 0, stderr
     report = json.loads(stdout)
-    assert report["blocks"] == 288_500
+    assert report["blocks"] == 276_491  # 288,500 minus the partial last blocks
+    assert report["partial_blocks_left_out"] == 288_500 - 276_491
     assert report["hit_ratio"] == pytest.approx(expected, abs=0.005)
     assert report["hit_ratio_by_tier"] == {"CPU": report["hit_ratio"]}
 
@@ -359,7 +361,7 @@ def test_compare_table_json_and_plot(tmp_path: Path) -> None:
     assert table.returncode == 0, table.stderr
     header, _, *rows = table.stdout.strip().splitlines()
     assert header.split()[:3] == ["policy", "CPU", "blocks"]
-    cells = [row.split() for row in rows if not row.startswith("plot written")]
+    cells = [row.split() for row in rows if not row.startswith(("plot written", "trace "))]
     assert [(c[0], int(c[1])) for c in cells] == COMBINATIONS
     ratios = {(c[0], int(c[1])): float(c[2]) for c in cells}
     for policy in ("lru", "arc"):
@@ -377,6 +379,79 @@ def test_compare_table_json_and_plot(tmp_path: Path) -> None:
     assert f"plot written to {plot}" in table.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot.stat().st_size > 1000
+
+
+def test_compare_bounds_adds_belady_infinite_and_gap_shares(tmp_path: Path) -> None:
+    args = ["compare", TRACE, "--policy", "arc", "--capacity", "300", "--capacity", "1500"]
+    args += ["--limit", "600", "--bounds"]
+    table, as_json = kvo_many(args, [*args, "--json"])
+    assert table.returncode == 0, table.stderr
+    header, _, *rows = table.stdout.strip().splitlines()
+    assert header.endswith("LRU-to-Belady gap closed")
+    cells = [row.split() for row in rows[:8]]
+    expected = ["lru", "arc", "belady", "infinite"] * 2  # lru added as the gap's baseline
+    assert [c[0] for c in cells] == expected
+    assert [int(c[1]) for c in cells] == [300] * 4 + [1500] * 4
+    assert cells[0][-1] == "0.0%" and cells[1][-1].endswith("%")
+    assert "belady: offline eviction" in table.stdout
+
+    assert as_json.returncode == 0, as_json.stderr
+    reports = json.loads(as_json.stdout)
+    for capacity in (300, 1500):
+        group = {r["policy"]: r for r in reports if r["num_blocks"] == capacity}
+        lru, arc = group["lru"]["hit_ratio"], group["arc"]["hit_ratio"]
+        opt, inf = group["belady"]["hit_ratio"], group["infinite"]["hit_ratio"]
+        assert max(lru, arc) <= opt <= inf
+        assert group["belady"]["bound"] and group["belady"]["blocks_per_second"] is None
+        assert group["arc"]["gap_share"] == pytest.approx((arc - lru) / (opt - lru))
+    if _has_matplotlib():
+        plot = tmp_path / "bounds.png"
+        proc = kvo(*args, "--plot", plot)
+        assert proc.returncode == 0, proc.stderr
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_replay_leaves_out_partial_last_blocks(tmp_path: Path) -> None:
+    """1,100 tokens are two full 512-token blocks and a partial one: the partial block is
+    never stored, so its repeat cannot hit; --keep-partial-blocks restores the old replay."""
+    trace = tmp_path / "partial.jsonl"
+    lines = [
+        {"input_length": 1100, "hash_ids": [1, 2, 3]},
+        {"input_length": 1100, "hash_ids": [1, 2, 3]},
+        {"input_length": 1024, "hash_ids": [1, 2]},
+        {"hash_ids": [7, 8]},  # no input_length: every block kept
+    ]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    config = tmp_path / "cpu.toml"
+    config.write_text('num_blocks = 100\npolicy = "lru"\n')
+    faithful, old, small = kvo_many(
+        ["replay", config, trace, "--json"],
+        ["replay", config, trace, "--json", "--keep-partial-blocks"],
+        ["replay", config, trace, "--json", "--block-tokens", "256"],
+    )
+    for proc in (faithful, old, small):
+        assert proc.returncode == 0, proc.stderr
+    report = json.loads(faithful.stdout)
+    assert (report["blocks"], report["partial_blocks_left_out"]) == (8, 2)
+    assert report["hit_ratio"] == pytest.approx(4 / 8)
+    assert report["block_tokens"] == 512
+    report = json.loads(old.stdout)
+    assert (report["blocks"], report["partial_blocks_left_out"]) == (10, 0)
+    assert report["hit_ratio"] == pytest.approx(5 / 10)
+    assert report["block_tokens"] is None
+    report = json.loads(small.stdout)  # 1,100 // 256 = 4 >= 3 blocks: nothing left out
+    assert (report["blocks"], report["partial_blocks_left_out"]) == (10, 0)
+    text = kvo("replay", config, trace)
+    assert "full 512-token blocks only: 2 partial last blocks" in text.stdout
+
+
+def test_bad_input_length_names_the_line(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(
+        '{"input_length": 10, "hash_ids": [1]}\n{"input_length": "x", "hash_ids": [1]}\n'
+    )
+    proc = kvo("replay", "default", trace)
+    assert_one_line_error(proc, f"{trace}:2", "input_length")
 
 
 # -- errors ----------------------------------------------------------------------------------

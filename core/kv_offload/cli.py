@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import OffloadingManager
+from .bounds import belady, gap_share, infinite
 from .build import build_manager
 from .config import DEFAULT_CONFIG, StackConfig, load_config, parse_config, resolve_config
 from .errors import KVOffloadError
@@ -29,7 +30,7 @@ from .plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
 from .policies import CachePolicyFactory
 from .replay import ReplayResult, replay
 from .tiering import SecondaryTierFactory
-from .trace import read_trace
+from .trace import MOONCAKE_BLOCK_TOKENS, read_trace
 from .types import ReqContext
 
 __all__ = ["main"]
@@ -174,8 +175,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _requests(trace: Path, limit: int | None) -> list[tuple[ReqContext, list[Any]]]:
-    return [(ReqContext(r.req_id), r.keys) for r in read_trace(trace, limit)]
+class _Trace:
+    """A trace's requests as the replay takes them, and what was left out to get them."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.block_tokens = None if args.keep_partial_blocks else args.block_tokens
+        records = list(read_trace(args.trace, args.limit, block_tokens=self.block_tokens))
+        self.requests = [(ReqContext(r.req_id), r.keys) for r in records]
+        self.partial_blocks = sum(r.partial_blocks for r in records)
+
+    def describe(self) -> dict[str, Any]:
+        return {"block_tokens": self.block_tokens, "partial_blocks_left_out": self.partial_blocks}
+
+    def note(self) -> str:
+        if self.block_tokens is None:
+            return "partial last blocks included (--keep-partial-blocks)"
+        return (
+            f"full {self.block_tokens}-token blocks only: {self.partial_blocks} partial last "
+            f"blocks neither looked up nor stored (--keep-partial-blocks to include them)"
+        )
 
 
 def _progress(total: int, enabled: bool | None, label: str) -> Any:
@@ -290,8 +308,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
             "during the replay",
             file=sys.stderr,
         )
-    requests = _requests(args.trace, args.limit)
-    report = _run(stack, requests, args.progress, "replay")
+    trace = _Trace(args)
+    report = _run(stack, trace.requests, args.progress, "replay")
+    report.update(trace.describe())
     status = 0 if report["corrupted_blocks"] == 0 else 1
     if args.json:
         print(json.dumps(report, indent=2))
@@ -300,6 +319,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         f"config {report['config']}: policy {report['policy']!r}, {report['num_blocks']} CPU blocks"
     )
     print(f"trace {args.trace}: {report['requests']} requests, {report['blocks']} blocks")
+    print(f"  {trace.note()}")
     print(f"hit ratio        {report['hit_ratio']:.4f}")
     for tier, ratio in report["hit_ratio_by_tier"].items():
         print(f"  from {tier:<10} {ratio:.4f}")
@@ -321,6 +341,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     policies = list(dict.fromkeys(args.policy or ["lru", "arc"]))
+    if args.bounds and "lru" not in policies:
+        policies.insert(0, "lru")  # the baseline of the gap shares
     capacities = list(dict.fromkeys(args.capacity or [5000, 20000]))
     if args.plot:  # fail before replaying, not after
         if not args.plot.parent.is_dir():
@@ -336,16 +358,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
             )
             resolve_config(stack)
             stacks.append(stack)
-    requests = _requests(args.trace, args.limit)
+    trace = _Trace(args)
     rows = [
-        _run(stack, requests, args.progress, f"{stack.policy}@{stack.num_blocks}")
+        _run(stack, trace.requests, args.progress, f"{stack.policy}@{stack.num_blocks}")
         for stack in stacks
     ]
+    for row in rows:
+        row.update(trace.describe())
+    if args.bounds:
+        rows = _with_bounds(rows, [keys for _, keys in trace.requests], capacities)
     if args.plot:
         _plot(rows, args.plot, args.trace)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    header = ["policy", "CPU blocks", "hit ratio", "evictions", "blocks/s"]
+    if args.bounds:
+        header.append("LRU-to-Belady gap closed")
     print(
         _table(
             [
@@ -353,17 +382,57 @@ def cmd_compare(args: argparse.Namespace) -> int:
                     r["policy"],
                     str(r["num_blocks"]),
                     f"{r['hit_ratio']:.4f}",
-                    str(r["evictions"]),
-                    f"{r['blocks_per_second']:,.0f}",
+                    "-" if r["evictions"] is None else str(r["evictions"]),
+                    "-" if r["blocks_per_second"] is None else f"{r['blocks_per_second']:,.0f}",
                 ]
+                + ([_share(r.get("gap_share"))] if args.bounds else [])
                 for r in rows
             ],
-            ["policy", "CPU blocks", "hit ratio", "evictions", "blocks/s"],
+            header,
         )
     )
+    print(f"trace {args.trace}: {trace.note()}")
+    if args.bounds:
+        print(
+            "belady: offline eviction of the block whose next use comes last; infinite: a "
+            "cache that never evicts (same access model)"
+        )
     if args.plot:
         print(f"plot written to {args.plot}")
     return 0
+
+
+def _with_bounds(
+    rows: list[dict[str, Any]], requests: list[list[Any]], capacities: list[int]
+) -> list[dict[str, Any]]:
+    """The rows, grouped by capacity, each group followed by its Belady and infinite rows;
+    every policy row gains its share of that capacity's LRU-to-Belady gap."""
+    unbounded = infinite(requests)
+    out: list[dict[str, Any]] = []
+    for capacity in capacities:
+        group = [r for r in rows if r["num_blocks"] == capacity]
+        optimum = belady(requests, capacity)
+        lru = next(r["hit_ratio"] for r in group if r["policy"] == "lru")
+        for row in group:
+            row["gap_share"] = gap_share(row["hit_ratio"], lru, optimum.hit_ratio)
+        out += group
+        for bound, evictions in ((optimum, optimum.evictions), (unbounded, None)):
+            out.append(
+                {
+                    "policy": bound.name,
+                    "num_blocks": capacity,
+                    "bound": True,
+                    "blocks": bound.blocks,
+                    "hit_ratio": bound.hit_ratio,
+                    "evictions": evictions,
+                    "blocks_per_second": None,
+                }
+            )
+    return out
+
+
+def _share(share: float | None) -> str:
+    return "" if share is None else f"{share:.1%}"
 
 
 def _pyplot() -> Any:
@@ -381,9 +450,15 @@ def _pyplot() -> Any:
 def _plot(rows: list[dict[str, Any]], path: Path, trace: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
+    styles = {"belady": ("--", "black"), "infinite": (":", "grey")}
     for policy in dict.fromkeys(r["policy"] for r in rows):
         points = sorted((r["num_blocks"], r["hit_ratio"]) for r in rows if r["policy"] == policy)
-        ax.plot(*zip(*points), marker="o", label=policy)
+        bound = any(r.get("bound") for r in rows if r["policy"] == policy)
+        if bound:  # reference lines, not policies
+            style, color = styles.get(policy, ("--", "black"))
+            ax.plot(*zip(*points), linestyle=style, color=color, label=f"{policy} (bound)")
+        else:
+            ax.plot(*zip(*points), marker="o", label=policy)
     ax.set_xlabel("CPU tier capacity (blocks)")
     ax.set_ylabel("prefix hit ratio")
     ax.set_title(f"hit ratio vs capacity: {trace.name}")
@@ -439,6 +514,19 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument(
         "--no-progress", dest="progress", action="store_const", const=False, help="never show it"
     )
+    blocks = argparse.ArgumentParser(add_help=False)
+    blocks.add_argument(
+        "--block-tokens",
+        type=_positive_int,
+        default=MOONCAKE_BLOCK_TOKENS,
+        help="tokens per trace block; a request's partial last block (input_length not a "
+        f"multiple of it) is neither looked up nor stored (default {MOONCAKE_BLOCK_TOKENS})",
+    )
+    blocks.add_argument(
+        "--keep-partial-blocks",
+        action="store_true",
+        help="replay every block of hash_ids, the partial last one too (the old behaviour)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -461,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "replay",
-        parents=[common, progress],
+        parents=[common, progress, blocks],
         help="replay a Mooncake JSONL trace through a config's stack",
     )
     p.add_argument("config", help=f"a TOML config, or {DEFAULT_NAME!r} for the embedded one")
@@ -484,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "compare",
-        parents=[common, progress],
+        parents=[common, progress, blocks],
         help="replay one trace across policies and capacities",
     )
     p.add_argument("trace", type=Path)
@@ -497,6 +585,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=_positive_int, help="replay only the first N lines")
     p.add_argument("--plot", type=Path, help="write a PNG of hit ratio vs capacity")
+    p.add_argument(
+        "--bounds",
+        action="store_true",
+        help="add Belady (offline optimum) and infinite-cache rows per capacity, and each "
+        "policy's share of the LRU-to-Belady gap (adds lru if missing)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(func=cmd_compare)
     return parser

@@ -1,4 +1,10 @@
-"""Reading Mooncake-format request traces (one JSON object per line with ``hash_ids``)."""
+"""Reading Mooncake-format request traces (one JSON object per line with ``hash_ids``).
+
+Mooncake hashes a prompt in blocks of :data:`MOONCAKE_BLOCK_TOKENS` tokens and lists the last,
+partial block too. A serving engine never offloads a partial block (its KV is not final), so
+a faithful replay gives :func:`read_trace` the block size in tokens and gets only the full
+blocks of each request (``input_length // block_tokens`` of them).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,10 @@ from pathlib import Path
 from .errors import ConfigError, InvalidKeyError
 from .keys import OffloadKey, make_offload_key
 
-__all__ = ["TraceRequest", "TraceError", "read_trace"]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "TraceRequest", "TraceError", "read_trace"]
+
+#: Tokens per ``hash_ids`` block in the Mooncake traces.
+MOONCAKE_BLOCK_TOKENS = 512
 
 
 class TraceError(ConfigError):
@@ -19,18 +28,31 @@ class TraceError(ConfigError):
 
 @dataclass(frozen=True)
 class TraceRequest:
-    """One request of a trace: its prefix block keys in order, and when it arrived (ms)."""
+    """One request of a trace: its prefix block keys in order, and when it arrived (ms).
+
+    ``partial_blocks`` counts the blocks of ``hash_ids`` left out of ``keys`` because they
+    are not full (0 unless :func:`read_trace` was given ``block_tokens``).
+    """
 
     req_id: str
     keys: list[OffloadKey]
     timestamp: float | None = None
+    partial_blocks: int = 0
 
 
-def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequest]:
+def read_trace(
+    path: str | Path, limit: int | None = None, *, block_tokens: int | None = None
+) -> Iterator[TraceRequest]:
     """Yield the requests of a Mooncake JSONL trace, keys built with ``make_offload_key``.
 
-    Equal ``hash_ids`` become equal keys, so prefix sharing in the trace is preserved.
+    Equal ``hash_ids`` become equal keys, so prefix sharing in the trace is preserved. With
+    ``block_tokens``, a request with an ``input_length`` keeps only its first
+    ``input_length // block_tokens`` blocks (the full ones); without, every block is kept.
     """
+    if block_tokens is not None and (
+        isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens <= 0
+    ):
+        raise ConfigError(f"block_tokens must be a positive int, got {block_tokens!r}")
     path = Path(path)
     if not path.is_file():
         what = "is not a file" if path.exists() else "does not exist"
@@ -51,9 +73,20 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequ
                 ):
                     raise ValueError("'hash_ids' must be a list of integers")
                 timestamp = record.get("timestamp")
+                length = record.get("input_length")
+                if length is not None and (
+                    isinstance(length, bool) or not isinstance(length, int) or length < 0
+                ):
+                    raise ValueError("'input_length' must be a non-negative integer")
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 what = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
                 raise TraceError(f"{path}:{lineno}: malformed trace line: {what}") from None
+            partial = 0
+            if block_tokens is not None and length is not None:
+                full = length // block_tokens
+                if full < len(hash_ids):
+                    partial = len(hash_ids) - full
+                    hash_ids = hash_ids[:full]
             keys = []
             seen: set[int] = set()
             for h in hash_ids:
@@ -70,4 +103,4 @@ def read_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequ
                     except InvalidKeyError as exc:
                         raise TraceError(f"{path}:{lineno}: malformed trace line: {exc}") from None
                 keys.append(key)
-            yield TraceRequest(f"req-{lineno}", keys, timestamp)
+            yield TraceRequest(f"req-{lineno}", keys, timestamp, partial)

@@ -403,8 +403,14 @@ class ARCManagerMachine(ManagerMachine):
     policy = "arc"
 
 
+class ReuseManagerMachine(ManagerMachine):
+    policy = "reuse"
+
+
 LRUManagerMachine.TestCase.settings = MACHINE_SETTINGS
 ARCManagerMachine.TestCase.settings = MACHINE_SETTINGS
+ReuseManagerMachine.TestCase.settings = MACHINE_SETTINGS
 
 TestLRUManagerStateful = _skip_unless_installed("lru")(LRUManagerMachine.TestCase)
 TestARCManagerStateful = _skip_unless_installed("arc")(ARCManagerMachine.TestCase)
+TestReuseManagerStateful = _skip_unless_installed("reuse")(ReuseManagerMachine.TestCase)

@@ -51,7 +51,7 @@ def test_replay_serves_metrics_while_it_runs(tmp_path: Path) -> None:
             "default",
             str(TRACE),
             "--limit",
-            "4000",
+            "400",
             "--json",
             "--no-progress",
             "--metrics-port",

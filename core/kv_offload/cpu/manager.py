@@ -118,7 +118,10 @@ class CPUOffloadingManager(CPUManagerState):
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
-        return CPULoadStoreSpec(self.pin(keys, req_context, "prepare_load"))
+        spec = CPULoadStoreSpec(self.pin(keys, req_context, "prepare_load"))
+        if self._on_request_access is not None:
+            self._on_request_access(keys if type(keys) is list else list(keys), req_context)
+        return spec
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
@@ -204,6 +207,8 @@ class CPUOffloadingManager(CPUManagerState):
         if self._closed:
             raise check.closed_error("prepare_store")
         key_list, key_set, blocks = self._unique_blocks_of(keys, req_context, "prepare_store")
+        if self._on_request_access is not None:
+            self._on_request_access(key_list, req_context)
         if protected:
             key_set = check.protected_set(key_set, protected)
         to_store = [key for key, block in zip(key_list, blocks) if block is None]
@@ -216,6 +221,8 @@ class CPUOffloadingManager(CPUManagerState):
             count = len(to_store)
             if not count:
                 return _empty_store()
+        if self._on_store_miss is not None:
+            self._on_store_miss(to_store, req_context)
         slots = self._slots
         shortfall = count - slots.num_free
         evicted: list[OffloadKey] = []

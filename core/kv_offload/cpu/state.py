@@ -161,6 +161,8 @@ class CPUManagerState(OffloadingManager):
         self._mark_evictable = overridden(policy, "mark_evictable")
         self._mark_non_evictable = overridden(policy, "mark_non_evictable")
         self._on_request_finished = overridden(policy, "on_request_finished")
+        self._on_request_access = overridden(policy, "on_request_access")
+        self._on_store_miss = overridden(policy, "on_store_miss")
         #: The stack's ordered event log (``None`` unless ``enable_events``).
         self.event_log: EventLog | None = EventLog() if enable_events else None
         self._closed = False

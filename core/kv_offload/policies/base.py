@@ -27,7 +27,11 @@ class CachePolicy(ABC):
     * ``evict(n, protected)`` is atomic: exactly ``n`` victims, none in ``protected`` and none
       with ``ref_cnt != 0``, or ``None`` and no state change at all;
     * ``mark_evictable``/``mark_non_evictable`` are called when a block's ``ref_cnt`` moves to
-      or away from 0, so a policy may keep evictable blocks apart instead of reading counts.
+      or away from 0, so a policy may keep evictable blocks apart instead of reading counts;
+    * ``on_request_access``/``on_store_miss`` report which keys requests asked for and which
+      of them missed. Like every optional callback here, they are looked up once and never
+      called when a policy leaves the base class's no-op, so policies that ignore them pay
+      nothing.
 
     * the manager calls :meth:`fast_get` once, when it starts, and the function it returns for
       every key of every call: it must answer exactly as ``get`` does, for the policy's
@@ -94,6 +98,31 @@ class CachePolicy(ABC):
 
     def mark_non_evictable(self, key: OffloadKey) -> None:  # noqa: B027 - optional hook
         """The block's ``ref_cnt`` left 0."""
+
+    def on_request_access(  # noqa: B027 - optional hook
+        self, keys: list[OffloadKey], req_context: ReqContext
+    ) -> None:
+        """These keys were requested, resident or not (vLLM 0.33's name).
+
+        The manager calls it with the keys of every ``prepare_load`` (the request's hits,
+        after they are pinned) and of every ``prepare_store`` (after validation, before
+        anything is stored or evicted, also when the store is then rejected), so a policy sees
+        every key a request asked for, including resident keys after the first miss that no
+        lookup reached. It keeps no per-request record: a key passed again in a later call of
+        the same request is reported again (``req_context`` state can deduplicate). The list
+        is the caller's: read it, do not keep or change it.
+        """
+
+    def on_store_miss(  # noqa: B027 - optional hook
+        self, keys: list[OffloadKey], req_context: ReqContext
+    ) -> None:
+        """These keys missed and are about to be stored (vLLM 0.33's name).
+
+        Called by ``prepare_store`` with the keys it will allocate, in the caller's order, after
+        ``on_request_access`` and the store-admission hook and before ``evict`` and
+        ``insert_many``; a key here is not resident. Unlike vLLM's default, which forwards to
+        ``touch``, the default is a no-op: a miss is not a use.
+        """
 
     def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
         """A request ended; drop any per-request state."""

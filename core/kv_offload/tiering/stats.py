@@ -17,7 +17,6 @@ class TierStats:
     :mod:`kv_offload.tiering.faults`)."""
 
     name: str
-    lookups: int = 0
     lookup_hits: int = 0
     promoted_blocks: int = 0
     failed_promotions: int = 0
@@ -26,6 +25,7 @@ class TierStats:
     failed_cascades: int = 0
     bytes_written: int = 0
     bytes_read: int = 0
+    lookups: int = 0  # last: existing positional uses keep their meaning
     lookup_errors: int = 0
     submit_errors: int = 0
 

@@ -1,0 +1,92 @@
+"""Miniature caches that decide how the policy splits the cache.
+
+ARC moves ``p`` one ghost hit at a time, towards whichever list lost a block most recently.
+On prefix traces that local rule settles between regimes that are each far better in their
+place: with a small cache, keeping the reused blocks (T2) and cycling first sightings through
+T1 as fast as possible (``p = 0``, "frequency") wins by a wide margin, because first reuses
+come back long after T1 could have held them and the memory sends them to T2 anyway; with a
+large cache the adaptive split wins, because T1 can then hold first sightings until their
+first reuse; and where reuse is mostly recent (a conversation's next turn soon after the
+last), plain recency (one LRU list) beats both. Which regime applies depends on the trace
+and the capacity, so it is measured (set dueling, as in adaptive CPU cache insertion;
+miniature simulation as in SHARDS): one small copy of the policy per mode replays the
+requests restricted to a hash-sampled 1/R of the keys at 1/R of the capacity, and the cache
+follows the one with the most hits, scored over the same horizon as the memory (WINDOW
+capacities of stored blocks). Sampling by key keeps each sampled key's full history, so a
+miniature cache sees the reuse distances of the real one, scaled by R.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import compress
+
+from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
+from kv_offload.block_status import bind_block_status
+
+__all__ = ["Miniature", "sample_rate"]
+
+_MASK64 = (1 << 64) - 1
+#: Blocks a miniature cache holds at least, where the capacity allows.
+MINIATURE_BLOCKS = 512
+#: Never sample more than one key in this many (the miniatures' cost and memory).
+MIN_RATE = 32
+
+
+def sample_rate(capacity: int) -> int:
+    """R, a power of two: at least :data:`MIN_RATE`, and capacity / R near
+    :data:`MINIATURE_BLOCKS` for large caches."""
+    rate = MIN_RATE
+    while capacity // (2 * rate) >= MINIATURE_BLOCKS:
+        rate *= 2
+    return rate
+
+
+def sampled(keys: list[OffloadKey], rate: int) -> list[OffloadKey]:
+    """The keys whose hash falls in the sample (bits the history table does not use)."""
+    mask = rate - 1
+    return list(compress(keys, [not (hash(key) >> 40 & mask) for key in keys]))
+
+
+class Miniature:
+    """One small copy of the policy with its own slots, driven by a request's sampled keys
+    the way the manager drives the real one; ``score`` is its decayed hit count."""
+
+    def __init__(self, policy: CachePolicy, capacity: int, horizon: int) -> None:
+        self.policy = policy
+        self.capacity = capacity
+        self.refs = [0] * capacity
+        status = bind_block_status(self.refs)
+        self.free: list[BlockStatus] = [status(i) for i in range(capacity)]
+        self.refs[:] = [0] * capacity  # BlockStatus() marks a slot pending: all idle here
+        self.horizon = horizon
+        self.score = 0.0
+
+    def request(self, keys: list[OffloadKey], ctx: ReqContext) -> None:
+        policy = self.policy
+        get: Callable[[OffloadKey], BlockStatus | None] = policy.get
+        hits = 0
+        for key in keys:
+            if get(key) is None:
+                break
+            hits += 1
+        if hits:
+            policy.touch(keys[:hits], ctx)
+        rest = keys[hits:]
+        stored = 0
+        if rest:
+            policy.on_request_access(rest, ctx)
+            to_store = [key for key in rest if get(key) is None]
+            shortfall = len(to_store) - len(self.free)
+            if shortfall > 0:
+                victims = policy.evict(shortfall, set(rest))
+                if victims is None:
+                    to_store = []
+                else:
+                    self.free += [block for _, block in victims]
+            if to_store:
+                blocks = self.free[-len(to_store) :]
+                del self.free[-len(to_store) :]
+                policy.insert_many(to_store, blocks)
+                stored = len(to_store)
+        self.score = self.score * max(0.0, 1.0 - stored / self.horizon) + hits

@@ -1,0 +1,129 @@
+"""Request-scoped policy callbacks: on_request_access and on_store_miss, through the manager.
+
+A policy that overrides them sees exactly which keys each call of the request flow asked for
+and which missed; a policy that does not (LRU, ARC) is never called, which is checked by
+replacing the base class's no-ops with recorders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _policies import k
+from kv_offload import CachePolicy, CPUOffloadingManager, LookupResult, OffloadKey, ReqContext
+from kv_offload.policy_factory import CachePolicyFactory
+from kv_offload_lru import LRUCachePolicy
+
+recorded: list[tuple[str, list[OffloadKey], str]] = []
+
+
+class Recording(LRUCachePolicy):
+    """LRU that records the callbacks, with the policy's state at that moment."""
+
+    def on_request_access(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
+        recorded.append(("access", list(keys), req_context.req_id))
+
+    def on_store_miss(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
+        assert all(self.get(key) is None for key in keys), "reported before insert_many"
+        recorded.append(("miss", list(keys), req_context.req_id))
+
+
+@pytest.fixture
+def recording() -> Any:
+    CachePolicyFactory.register_cache_policy("recording-lru", __name__, "Recording")
+    recorded.clear()
+    yield
+    CachePolicyFactory.unregister_cache_policy("recording-lru")
+
+
+def request(manager: CPUOffloadingManager, keys: list[OffloadKey], req_id: str) -> int:
+    ctx = ReqContext(req_id=req_id)
+    manager.on_new_request(ctx)
+    hits = 0
+    for key in keys:
+        if manager.lookup(key, ctx) is not LookupResult.HIT:
+            break
+        hits += 1
+    if hits:
+        manager.prepare_load(keys[:hits], ctx)
+        manager.complete_load(keys[:hits], ctx)
+        manager.touch(keys[:hits], ctx)
+    if hits < len(keys):
+        out = manager.prepare_store(keys[hits:], ctx)
+        if out is not None and out.keys_to_store:
+            manager.complete_store(out.keys_to_store, ctx)
+    manager.on_request_finished(ctx)
+    return hits
+
+
+def test_callbacks_see_every_requested_key_and_the_misses(recording: None) -> None:
+    manager = CPUOffloadingManager(4, cache_policy="recording-lru")
+    request(manager, [k(1), k(2)], "a")
+    assert recorded == [("access", [k(1), k(2)], "a"), ("miss", [k(1), k(2)], "a")]
+    recorded.clear()
+    request(manager, [k(3), k(2)], "b")  # k2 is resident behind the first miss
+    assert recorded == [("access", [k(3), k(2)], "b"), ("miss", [k(3)], "b")]
+    recorded.clear()
+    request(manager, [k(1), k(2), k(5)], "c")  # two hits, then a miss
+    assert recorded == [
+        ("access", [k(1), k(2)], "c"),
+        ("access", [k(5)], "c"),
+        ("miss", [k(5)], "c"),
+    ]
+    recorded.clear()
+    request(manager, [k(1), k(2)], "d")  # all hits: no store, no miss
+    assert recorded == [("access", [k(1), k(2)], "d")]
+
+
+def test_rejected_store_reports_access_and_miss_but_bad_input_reports_nothing(
+    recording: None,
+) -> None:
+    manager = CPUOffloadingManager(2, cache_policy="recording-lru")
+    ctx = ReqContext(req_id="r")
+    assert manager.prepare_store([k(1), k(2), k(3)], ctx) is None  # cannot fit
+    assert recorded == [("access", [k(1), k(2), k(3)], "r"), ("miss", [k(1), k(2), k(3)], "r")]
+    recorded.clear()
+    with pytest.raises(Exception, match="more than once"):
+        manager.prepare_store([k(1), k(1)], ctx)
+    with pytest.raises(Exception, match="not in the CPU tier"):
+        manager.prepare_load([k(9)], ctx)
+    assert recorded == []
+
+
+def test_a_store_admission_hook_filters_before_on_store_miss(recording: None) -> None:
+    from kv_offload import create_plugin_manager, hookimpl
+
+    class OnlyEven:
+        @hookimpl
+        def kv_offload_store_admission(self, manager: Any, keys: Any, req_context: Any) -> Any:
+            return [key for key in keys if key[7] % 2 == 0]
+
+    plugins = create_plugin_manager()
+    plugins.register(OnlyEven())
+    manager = CPUOffloadingManager(8, cache_policy="recording-lru", plugin_manager=plugins)
+    request(manager, [k(1), k(2), k(3), k(4)], "a")
+    assert recorded == [("access", [k(1), k(2), k(3), k(4)], "a"), ("miss", [k(2), k(4)], "a")]
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_policies_that_do_not_override_them_are_never_called(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    called: list[str] = []
+
+    def access(self: CachePolicy, keys: list[OffloadKey], req_context: ReqContext) -> None:
+        called.append("access")
+
+    def miss(self: CachePolicy, keys: list[OffloadKey], req_context: ReqContext) -> None:
+        called.append("miss")
+
+    # Recorders in place of the base class's no-ops: a manager that called the inherited
+    # methods (instead of skipping them) would record here.
+    monkeypatch.setattr(CachePolicy, "on_request_access", access)
+    monkeypatch.setattr(CachePolicy, "on_store_miss", miss)
+    manager = CPUOffloadingManager(3, cache_policy=policy)
+    for i in range(20):
+        request(manager, [k(0), k(1 + i % 5), k(100 + i)], f"r{i}")
+    assert manager.get_stats().hits > 0
+    assert called == []

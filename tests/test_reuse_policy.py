@@ -1,0 +1,476 @@
+"""Reuse-aware policy (kv-offload-reuse): its rules, the evict() contract, bounded memory,
+a step-by-step match with a straightforward reference, and use through the manager."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+import pytest
+from _policies import CTX, Blocks, k, match_reference
+from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext, build_manager
+from kv_offload.block_status import BlockStatus
+from kv_offload_reuse import SLOTS_PER_BLOCK, WINDOW, ReuseCachePolicy, slot_of
+
+
+class Harness:
+    """Drives the policy like the manager does: evict when full, insert, mark stored idle."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.policy = ReuseCachePolicy(capacity)
+        self.blocks = Blocks(100_000)
+
+    def store(self, keys: Iterable[OffloadKey]) -> None:
+        policy = self.policy
+        to_store = [key for key in keys if policy.get(key) is None]
+        shortfall = len(policy) + len(to_store) - self.capacity
+        if shortfall > 0:
+            assert policy.evict(shortfall, set(to_store)) is not None
+        blocks = [self.blocks.new() for _ in to_store]
+        policy.insert_many(to_store, blocks)
+        for block in blocks:
+            self.blocks.refs[block] = 0
+
+    def set_ref(self, key: OffloadKey, ref_cnt: int) -> None:
+        block = self.policy.get(key)
+        assert block is not None
+        self.blocks.refs[block] = ref_cnt
+
+
+def distinct_slots(policy: ReuseCachePolicy, n: int) -> list[OffloadKey]:
+    """``n`` keys whose history slots differ (Python's hash is salted per process), so that
+    no collision in the table can blur a test of its rules."""
+    size = len(policy._table)
+    keys: dict[int, OffloadKey] = {}
+    i = 0
+    while len(keys) < n:
+        keys.setdefault(slot_of(k(i), size)[0], k(i))
+        i += 1
+    return list(keys.values())
+
+
+def snapshot(policy: ReuseCachePolicy) -> tuple[object, ...]:
+    return (
+        policy.p,
+        policy.t1,
+        policy.t2,
+        bytes(policy._table),
+        policy._epoch,
+        policy._stored_in_epoch,
+        [list(c) for c in policy._evicted],
+    )
+
+
+# -- the rules -----------------------------------------------------------------------------
+
+
+def test_first_sightings_go_to_t1_and_a_touch_promotes_to_t2() -> None:
+    h = Harness(4)
+    h.store([k(1), k(2), k(3)])
+    assert h.policy.t1 == [k(1), k(2), k(3)] and h.policy.t2 == []
+    h.policy.touch([k(1), k(2)], CTX)
+    assert h.policy.t1 == [k(3)] and h.policy.t2 == [k(2), k(1)], "first key most recent"
+    assert h.policy.p == 2.0, "p starts at c / 2: no preference before any evidence"
+
+
+def test_a_block_stored_again_within_the_window_is_a_reuse() -> None:
+    c = 8
+    h = Harness(c)
+    first, *others = distinct_slots(h.policy, 3 * c)
+    h.store([first])
+    for key in others:  # the first key is evicted, then several caches go by
+        h.store([key])
+    assert h.policy.get(first) is None
+    assert h.policy.remembered(first) is not None
+    before = h.policy.p
+    h.store([first])
+    assert first in h.policy.t2, "remembered beyond ARC's ghost horizon: straight to T2"
+    assert h.policy.p == before, "too old for ARC's ghost lists: p does not move"
+
+
+def test_a_recent_ghost_moves_p_as_in_arc() -> None:
+    h = Harness(8)
+    keys = distinct_slots(h.policy, 101)
+
+    def k(i: int) -> OffloadKey:
+        return keys[i]
+
+    h.store([k(i) for i in range(8)])
+    h.policy.touch([k(7)], CTX)  # T1 = 0..6, T2 = [7]; |T1| = 7 > p = 4
+    h.store([k(100)])  # evicts k0 from T1
+    assert h.policy.remembered(k(0)) == (1, 1), "left T1 one epoch ago (c / 8 = 1 store)"
+    assert h.policy.ghost_sizes() == (1, 0)
+    h.store([k(0)])  # a B1 hit: p grows by max(1, |B2| / |B1|) = 1
+    assert h.policy.p == 5.0 and k(0) in h.policy.t2
+    assert h.policy.remembered(k(0)) is None, "the record is consumed"
+    h.policy.touch(h.policy.t1, CTX)  # everything in T2 now
+    victims = h.policy.evict(1, set())
+    assert victims is not None
+    (gone, _) = victims[0]
+    assert h.policy.remembered(gone) == (2, 0), "left T2 in this epoch"
+    h.store([gone])  # a B2 hit: p shrinks by max(1, |B1| / |B2|) = 1
+    assert h.policy.p == 4.0
+
+
+def test_memory_is_bounded_and_forgets_after_the_window() -> None:
+    c = 16
+    h = Harness(c)
+    size = len(h.policy._table)
+    assert size == SLOTS_PER_BLOCK * c
+    first, *others = distinct_slots(h.policy, (WINDOW + 2) * c)
+    h.store([first])
+    for key in others[:c]:
+        h.store([key])
+    assert h.policy.remembered(first) is not None
+    for key in others[c:]:
+        h.store([key])
+    assert h.policy.remembered(first) is None, "evicted more than WINDOW caches of stores ago"
+    rng = random.Random(3)
+    for i in range(20_000):
+        h.store([k(rng.randrange(10**6)) for _ in range(rng.randrange(1, 4))])
+        if i % 5 == 0:
+            h.policy.touch([k(rng.randrange(10**6))], CTX)
+    assert len(h.policy._table) == size
+    epochs = {w >> 2 & 63 for w in h.policy._table if w}
+    assert len(epochs) <= 64
+    # Nothing older than the window: every remembered eviction is at most 63 epochs old.
+    stored_since = {(h.policy._epoch - e) % 64 for e in epochs}
+    assert max(stored_since) < 64
+    assert sum(map(sum, h.policy._evicted)) <= WINDOW * c + c
+
+
+def test_the_deepest_remembered_key_vouches_for_its_prefix() -> None:
+    c = 8
+    h = Harness(c)
+    chain = distinct_slots(h.policy, 4)
+    size = len(h.policy._table)
+    taken = {slot_of(key, size)[0] for key in chain}
+    # Fillers whose slots miss the chain's, so no collision can blur the test.
+    fillers = [key for key in map(k, range(100, 10_000)) if slot_of(key, size)[0] not in taken]
+    h.store(chain)
+    for key in fillers[: 2 * c]:
+        h.store([key])
+    assert all(h.policy.remembered(key) is not None for key in chain)
+    table = h.policy._table
+    slot, _ = slot_of(chain[1], len(table))
+    table[slot] = 0  # as if a collision had overwritten k1's record
+    h.store([*chain, k(999)])
+    assert h.policy.t2[-4:] == chain, "k1 too: k3 was requested before, so was its prefix"
+    assert h.policy.t1[-1] == k(999)
+
+
+def test_remove_leaves_no_memory_and_clear_forgets_everything() -> None:
+    h = Harness(4)
+    h.store([k(1), k(2)])
+    h.policy.remove(k(1))
+    h.policy.remove(k(99))  # absent: a no-op
+    assert h.policy.get(k(1)) is None and h.policy.remembered(k(1)) is None
+    h.store([k(3), k(4), k(5), k(6)])
+    h.policy.clear()
+    assert len(h.policy) == 0 and h.policy.p == 2.0
+    assert not any(h.policy._table)
+
+
+# -- the evict() contract ------------------------------------------------------------------
+
+
+def test_evict_is_all_or_nothing_and_skips_busy_and_protected_blocks() -> None:
+    h = Harness(6)
+    h.store([k(i) for i in range(6)])
+    h.policy.touch([k(0), k(1)], CTX)
+    h.set_ref(k(2), 1)  # pinned
+    h.set_ref(k(3), -1)  # pending
+    before = snapshot(h.policy)
+    assert h.policy.evict(4, {k(4)}) is None, "only k0, k1 and k5 are idle and unprotected"
+    assert snapshot(h.policy) == before
+    assert h.policy.evict(7, set()) is None
+    assert snapshot(h.policy) == before
+    victims = h.policy.evict(2, {k(4)})
+    assert victims is not None and [key for key, _ in victims] == [k(5), k(1)]
+    assert all(block.ref_cnt == 0 for _, block in victims)
+    assert h.policy.evict(0, set()) == []
+
+
+# -- against the reference -----------------------------------------------------------------
+
+
+class ReferenceReuse:
+    """The same algorithm, written for clarity: lists, a dict for the table, no numpy."""
+
+    def __init__(self, c: int) -> None:
+        self.c = c
+        self.size = SLOTS_PER_BLOCK * c
+        self.epoch_blocks = max(1, WINDOW * c // 64)
+        self.clear()
+
+    def clear(self) -> None:
+        self.t1: list[tuple[OffloadKey, BlockStatus]] = []
+        self.t2: list[tuple[OffloadKey, BlockStatus]] = []
+        self.table: dict[int, tuple[int, int, int]] = {}  # slot -> (fingerprint, epoch, list)
+        self.evictions: list[tuple[int, int]] = []  # (epoch, list) of remembered evictions
+        self.every: list[tuple[int, int]] = []  # ... and of every eviction in the window
+        self.epoch = 0
+        self.count = 0
+        self.p = self.c / 2
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        for listed in (self.t1, self.t2):
+            for other, block in listed:
+                if other == key:
+                    return block
+        return None
+
+    def remove(self, key: OffloadKey) -> None:
+        self.t1 = [(o, b) for o, b in self.t1 if o != key]
+        self.t2 = [(o, b) for o, b in self.t2 if o != key]
+
+    def insert_many(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
+        """Classified as the batch arrives: keys up to the deepest remembered one are
+        reuses (a key implies its prefix); then each remembered key is consumed in order."""
+        for key in keys:
+            self.remove(key)
+        records = []
+        for key in keys:
+            slot, fingerprint = slot_of(key, self.size)
+            record = self.table.get(slot)
+            records.append(
+                (slot, record) if record is not None and record[0] == fingerprint else None
+            )
+        deepest = max((i + 1 for i, r in enumerate(records) if r is not None), default=0)
+        for found in records:
+            if found is not None:
+                self.consume(*found)
+        for i, (key, block) in enumerate(zip(keys, blocks)):
+            (self.t2 if i < deepest else self.t1).append((key, block))
+        for _ in keys:
+            self.count += 1
+            if self.count == self.epoch_blocks:
+                self.count = 0
+                self.epoch = (self.epoch + 1) % 64
+                if self.epoch % 8 == 0:
+                    doomed = range(self.epoch, self.epoch + 8)
+                    self.table = {s: r for s, r in self.table.items() if r[1] not in doomed}
+                    self.evictions = [(e, o) for e, o in self.evictions if e not in doomed]
+                    self.every = [(e, o) for e, o in self.every if e not in doomed]
+
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self.insert_many([key], [block])
+
+    def consume(self, slot: int, record: tuple[int, int, int]) -> None:
+        del self.table[slot]
+        _, left, origin = record
+        b1, b2 = self.ghost_sizes()
+        span = (self.epoch - left) % 64
+        since = sum(1 for e, o in self.every if o == origin and (e - left) % 64 <= span)
+        if since <= (b1 if origin == 1 else b2):
+            if origin == 1:
+                self.p = min(self.c, self.p + max(1.0, b2 / max(b1, 1)))
+            else:
+                self.p = max(0.0, self.p - max(1.0, b1 / max(b2, 1)))
+        self.evictions.remove((left, origin))
+
+    def ghost_sizes(self) -> tuple[int, int]:
+        b1 = min(max(0, self.c - len(self.t1)), sum(1 for _, o in self.evictions if o == 1))
+        return b1, min(self.c - b1, sum(1 for _, o in self.evictions if o == 2))
+
+    def touch(self, keys: list[OffloadKey]) -> None:
+        for key in reversed(keys):
+            for listed in (self.t1, self.t2):
+                for i, (other, block) in enumerate(listed):
+                    if other == key:
+                        del listed[i]
+                        self.t2.append((key, block))
+                        break
+                else:
+                    continue
+                break
+
+    def evict(
+        self, n: int, protected: set[OffloadKey]
+    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        if n <= 0:
+            return []
+
+        def idle(listed: list[tuple[OffloadKey, BlockStatus]]) -> list[int]:
+            return [i for i, (o, b) in enumerate(listed) if b.ref_cnt == 0 and o not in protected]
+
+        cand1, cand2 = idle(self.t1), idle(self.t2)
+        if len(cand1) + len(cand2) < n or n > len(self.t1) + len(self.t2):
+            return None
+        want1 = min(n, max(0, -int(-(len(self.t1) - self.p) // 1)))
+        take1 = cand1[:want1]
+        take2 = cand2[: n - len(take1)]
+        take1 = cand1[: n - len(take2)]
+        victims = []
+        for origin, listed, taken in ((1, self.t1, take1), (2, self.t2, take2)):
+            for i in taken:
+                key, block = listed[i]
+                victims.append((key, block))
+                slot, fingerprint = slot_of(key, self.size)
+                self.table[slot] = (fingerprint, self.epoch, origin)
+                self.evictions.append((self.epoch, origin))
+                self.every.append((self.epoch, origin))
+            for i in reversed(taken):
+                del listed[i]
+        return victims
+
+    def state(self) -> tuple[object, ...]:
+        return self.p, [o for o, _ in self.t1], [o for o, _ in self.t2]
+
+
+def table_of(policy: ReuseCachePolicy) -> dict[int, tuple[int, int, int]]:
+    return {
+        slot: (word >> 8, word >> 2 & 63, (word & 3) - 1)
+        for slot, word in enumerate(policy._table)
+        if word
+    }
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_matches_the_reference_on_random_workloads(seed: int) -> None:
+    c = random.Random(seed).choice((3, 8, 25))
+    policy = ReuseCachePolicy(c)
+    ref = ReferenceReuse(c)
+
+    def same_state() -> None:
+        assert (policy.p, policy.t1, policy.t2) == ref.state()
+        assert table_of(policy) == ref.table
+        assert len(policy) == len(ref.t1) + len(ref.t2)
+
+    match_reference(policy, ref, c, seed, same_state, steps=2500)
+
+
+# -- through the manager -------------------------------------------------------------------
+
+
+def _request(manager: CPUOffloadingManager, keys: list[OffloadKey]) -> int:
+    ctx = ReqContext(req_id="r")
+    manager.on_new_request(ctx)
+    hits = 0
+    for key in keys:
+        if manager.lookup(key, ctx) is not LookupResult.HIT:
+            break
+        hits += 1
+    if hits:
+        manager.prepare_load(keys[:hits], ctx)
+        manager.complete_load(keys[:hits], ctx)
+        manager.touch(keys[:hits], ctx)
+    if hits < len(keys):
+        out = manager.prepare_store(keys[hits:], ctx)
+        if out is not None and out.keys_to_store:
+            manager.complete_store(out.keys_to_store, ctx)
+    manager.on_request_finished(ctx)
+    return hits
+
+
+def test_selected_by_name_in_config_and_keeps_a_returning_conversation() -> None:
+    manager = build_manager({"num_blocks": 100, "policy": "reuse"})
+    assert isinstance(manager.policy, ReuseCachePolicy)
+    convo = [k(i) for i in range(40)]
+    assert _request(manager, convo) == 0
+    for i in range(350):  # pushes it out, and past ARC's ghost horizon
+        _request(manager, [k(10_000 + i)])
+    assert _request(manager, convo) == 0  # ... it comes back: remembered, stored in T2
+    for i in range(80):  # one-time blocks now churn through T1 only
+        _request(manager, [k(20_000 + i)])
+    # Each block's record can be lost to a hash collision, but the deepest remembered one
+    # vouches for the whole prefix before it.
+    assert _request(manager, convo) >= 30
+    lru = CPUOffloadingManager(100, cache_policy="lru")
+    _request(lru, convo)
+    for i in range(350):
+        _request(lru, [k(10_000 + i)])
+    _request(lru, convo)
+    for i in range(80):
+        _request(lru, [k(20_000 + i)])
+    assert _request(lru, convo) == 0, "LRU lost it to the same churn"
+    manager.shutdown()
+
+
+# -- the miniature caches --------------------------------------------------------------------
+
+
+def test_sample_rate_keeps_miniatures_small() -> None:
+    from kv_offload_reuse.duel import MIN_RATE, sample_rate
+
+    for capacity in (100, 2000, 5000, 20_000, 50_000, 10**6):
+        rate = sample_rate(capacity)
+        assert rate >= MIN_RATE and rate & (rate - 1) == 0
+        assert capacity // rate < 1024
+
+
+def test_miniatures_replay_each_request_and_the_cache_follows_the_leader() -> None:
+    manager = CPUOffloadingManager(2000, cache_policy="reuse")
+    policy = manager.policy
+    assert isinstance(policy, ReuseCachePolicy)
+    minis = policy._miniatures
+    assert [mini.policy.mode for mini in minis] == ["adaptive", "frequency", "recency"]
+    assert {mini.capacity for mini in minis} == {2000 // 32}
+    rng = random.Random(5)
+    prompts = [[k(10**6 * p + i) for i in range(rng.randint(2, 30))] for p in range(400)]
+    fresh = iter(range(10**9, 2 * 10**9))
+    for i in range(3000):
+        prompt = prompts[int(rng.paretovariate(1.0)) % len(prompts)]
+        ctx = ReqContext(req_id=f"r{i}")
+        keys = [*prompt, *(k(next(fresh)) for _ in range(rng.randint(1, 8)))]
+        hits = 0
+        while hits < len(keys) and manager.lookup(keys[hits], ctx) is LookupResult.HIT:
+            hits += 1
+        if hits:
+            manager.prepare_load(keys[:hits], ctx)
+            manager.complete_load(keys[:hits], ctx)
+            manager.touch(keys[:hits], ctx)
+        out = manager.prepare_store(keys[hits:], ctx)
+        if out is not None:
+            manager.complete_store(out.keys_to_store, ctx)
+        before = policy.mode
+        manager.on_request_finished(ctx)
+        scores = {mini.policy.mode: mini.score for mini in minis}
+        if policy.mode != before:
+            assert scores[policy.mode] == max(scores.values()) > scores[before]
+        assert scores[policy.mode] == max(scores.values()) or policy.mode == before
+    assert all(mini.score > 0 for mini in minis)
+    assert policy._sampled == {}, "every finished request's sampled keys were replayed"
+    for mini in minis:
+        assert len(mini.policy) + len(mini.free) == mini.capacity, "no miniature slot leaked"
+
+
+def test_sampled_keys_of_unfinished_requests_are_bounded() -> None:
+    from kv_offload_reuse import _MAX_OPEN_REQUESTS
+
+    policy = ReuseCachePolicy(5000)
+    for i in range(_MAX_OPEN_REQUESTS + 500):
+        policy.on_request_access([k(j) for j in range(i * 40, i * 40 + 40)], ReqContext(f"r{i}"))
+    assert len(policy._sampled) <= _MAX_OPEN_REQUESTS
+
+
+class RecencyOnly(ReuseCachePolicy):
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity, miniatures=False, mode="recency")
+
+
+def test_the_recency_mode_is_exactly_lru_through_the_manager() -> None:
+    from pathlib import Path
+
+    from kv_offload.policy_factory import CachePolicyFactory
+    from kv_offload.replay import replay
+    from kv_offload.trace import read_trace
+
+    trace = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
+    requests = [(ReqContext(r.req_id), r.keys) for r in read_trace(trace, 1500, block_tokens=512)]
+    CachePolicyFactory.register_cache_policy("reuse-recency", __name__, "RecencyOnly")
+    try:
+        for capacity in (200, 1000):
+            lru = replay(CPUOffloadingManager(capacity, "lru"), requests)
+            recency = replay(CPUOffloadingManager(capacity, "reuse-recency"), requests)
+            assert recency.hit_blocks == lru.hit_blocks > 0
+    finally:
+        CachePolicyFactory.unregister_cache_policy("reuse-recency")
+
+
+def test_an_unknown_mode_is_a_config_error() -> None:
+    from kv_offload import ConfigError
+
+    with pytest.raises(ConfigError, match="mode must be one of"):
+        ReuseCachePolicy(10, mode="fastest")
