@@ -78,4 +78,4 @@ def build_manager(
             built.shutdown()
         primary.shutdown()
         raise
-    return TieringOffloadingManager(primary, tiers)
+    return TieringOffloadingManager(primary, tiers, drain_timeout=stack.drain_timeout_s)

@@ -15,6 +15,7 @@ key                    type          default    meaning
 ``policy_module_path`` str           unset      module defining the class named ``policy``
                                                 (out-of-tree fallback)
 ``allow_module_path``  bool          true       false forbids every ``module_path`` import
+``drain_timeout_s``    float > 0     30.0       how long shutdown/drain waits for tier jobs
 ``enable_events``      bool          false      record ``OffloadingEvent`` batches
 ``[hooks] autoload``   bool          true       load ``kv_offload.hooks`` entry points
 ``[hooks] enable``     list[str]     []         only these hook plugins load (empty: all)
@@ -73,6 +74,7 @@ _TOP_KEYS = {
     "policy_module_path",
     "allow_module_path",
     "enable_events",
+    "drain_timeout_s",
     "hooks",
     "tiers",
 }
@@ -122,6 +124,7 @@ class StackConfig:
     policy_module_path: str | None = None
     allow_module_path: bool = True
     enable_events: bool = False
+    drain_timeout_s: float = 30.0
     hooks: HooksConfig = field(default_factory=HooksConfig)
     tiers: tuple[TierConfig, ...] = ()
     source: str = "<dict>"
@@ -293,6 +296,15 @@ def parse_config(
     policy_module_path = v.string(data, "policy_module_path")
     allow_module_path = v.boolean(data, "allow_module_path", True)
     enable_events = v.boolean(data, "enable_events", False)
+    drain_timeout_s = data.get("drain_timeout_s", 30.0)
+    if (
+        isinstance(drain_timeout_s, bool)
+        or not isinstance(drain_timeout_s, (int, float))
+        or not 0 < drain_timeout_s < float("inf")
+    ):
+        raise v.fail(
+            ("drain_timeout_s",), f"must be a number of seconds > 0, got {drain_timeout_s!r}"
+        )
 
     hooks_data = data.get("hooks", {})
     if not isinstance(hooks_data, Mapping):
@@ -372,6 +384,7 @@ def parse_config(
         policy_module_path=policy_module_path,
         allow_module_path=allow_module_path,
         enable_events=enable_events,
+        drain_timeout_s=float(drain_timeout_s),
         hooks=hooks,
         tiers=tuple(tiers),
         source=source,
