@@ -243,9 +243,7 @@ MANAGER_CASES = [
 
 
 #: Cases that still fail on one stack: strict, so fixing the defect flips them to an error here.
-KNOWN_DEFECTS = {
-    ("tiered", "finish request bad context"): "tiers are told before the context is checked",
-}
+KNOWN_DEFECTS: dict[tuple[str, str], str] = {}
 
 
 def _manager_params() -> list[Any]:

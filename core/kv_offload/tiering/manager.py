@@ -18,7 +18,7 @@ from collections.abc import Collection, Sequence
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
 from ..cpu import CPUOffloadingManager
-from ..cpu.validation import as_list, short
+from ..cpu.validation import as_list, check_context, short
 from ..errors import ConfigError, KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
@@ -212,6 +212,7 @@ class TieringOffloadingManager(OffloadingManager):
     # -- lifecycle ------------------------------------------------------------------------
 
     def on_request_finished(self, req_context: ReqContext) -> None:
+        check_context(req_context, "on_request_finished")  # before any tier is told
         self._submit_queued(req_context.req_id)
         self._found.pop(req_context.req_id, None)
         for tier in self.tiers:
