@@ -24,6 +24,7 @@ from kv_offload import (
     InvalidKeyError,
     KeyStateError,
     KVOffloadError,
+    ManagerError,
     OffloadingConfig,
     PluginNotFoundError,
     ReqContext,
@@ -215,6 +216,24 @@ MANAGER_CASES = [
         "None",
     ),
     Case(
+        "store protected not a collection",
+        lambda m: m.prepare_store([k(7)], CTX, protected=5),
+        InvalidArgumentError,
+        "protected",
+    ),
+    Case(
+        "store protected unhashable",
+        lambda m: m.prepare_store([k(7)], CTX, protected=[[1]]),
+        InvalidKeyError,
+        "[[1]]",
+    ),
+    Case(
+        "complete store success not bool",
+        lambda m: m.complete_store([PENDING], CTX, success="no"),
+        InvalidArgumentError,
+        "'no'",
+    ),
+    Case(
         "finish request bad context",
         lambda m: m.on_request_finished(object()),
         InvalidArgumentError,
@@ -224,9 +243,7 @@ MANAGER_CASES = [
 
 
 #: Cases that still fail on one stack: strict, so fixing the defect flips them to an error here.
-KNOWN_DEFECTS = {
-    ("tiered", "finish request bad context"): "tiers are told before the context is checked",
-}
+KNOWN_DEFECTS: dict[tuple[str, str], str] = {}
 
 
 def _manager_params() -> list[Any]:
@@ -284,6 +301,32 @@ def test_buffer_misuse_leaves_bytes_intact(name: str, call: Any, error: Any, nam
         call(buffer)
     assert names in str(raised.value), str(raised.value)
     assert (buffer.read_blocks(list(range(8))) == before).all()
+
+
+@pytest.mark.parametrize("stack", ["cpu", "tiered"])
+@pytest.mark.parametrize(
+    ("operation", "call"),
+    [
+        ("lookup", lambda m: m.lookup(IDLE, CTX)),
+        ("on_new_request", lambda m: m.on_new_request(CTX)),
+        ("prepare_store", lambda m: m.prepare_store([k(7)], CTX)),
+    ],
+)
+def test_calls_after_shutdown_raise(stack: str, operation: str, call: Any) -> None:
+    """After shutdown() the cache is gone: a lookup answering MISS would be a silent lie."""
+    manager = populated_cpu() if stack == "cpu" else populated_tiered()
+    manager.complete_load([PINNED], CTX)
+    manager.complete_store([PENDING], CTX)
+    manager.shutdown()
+    stats = manager.get_stats()
+    with pytest.raises(ManagerError, match=f"{operation}: the manager was shut down"):
+        call(manager)
+    assert manager.get_stats() == stats
+
+
+def test_plugin_manager_of_the_wrong_type() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"KVOffloadPluginManager.*got object"):
+        CPUOffloadingManager(4, plugin_manager=object())  # type: ignore[arg-type]
 
 
 VALUE_CASES = [

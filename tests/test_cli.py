@@ -168,6 +168,28 @@ def test_selecting_a_broken_policy_is_one_clear_error(broken_site: Path, tmp_pat
     assert_one_line_error(proc, f"{config}:2", "policy", "'broken'", "kv-offload-broken 6.6.6")
 
 
+def test_a_broken_autoloaded_hook_is_skipped_by_validate_and_replay(
+    broken_site: Path, tmp_path: Path
+) -> None:
+    """Issue 10 #5: validate and the managers agree; only a plugin enabled by name fails."""
+    config = tmp_path / "stack.toml"
+    config.write_text("num_blocks = 64\n")
+    check, run = kvo_many(
+        ["validate", config],
+        ["replay", config, TRACE, "--limit", "20"],
+        pythonpath=broken_site,
+    )
+    assert check.returncode == 0, check.stderr
+    assert run.returncode == 0, run.stderr
+    assert "hook plugin 'broken-hook' from distribution kv-offload-broken 6.6.6" in run.stderr
+    assert "(skipped)" in run.stderr
+    enabled = tmp_path / "enabled.toml"
+    enabled.write_text('num_blocks = 64\n\n[hooks]\nenable = ["broken-hook"]\n')
+    for command in (["validate", enabled], ["replay", enabled, TRACE, "--limit", "20"]):
+        proc = kvo(*command, pythonpath=broken_site)
+        assert_one_line_error(proc, "'broken-hook'", "kv-offload-broken 6.6.6")
+
+
 # -- validate --------------------------------------------------------------------------------
 
 

@@ -86,4 +86,4 @@ def _build(
             built.shutdown()
         primary.shutdown()
         raise
-    return TieringOffloadingManager(primary, tiers)
+    return TieringOffloadingManager(primary, tiers, drain_timeout=stack.drain_timeout_s)

@@ -17,6 +17,8 @@ key                         type       default   meaning
                                                  (out-of-tree fallback)
 ``allow_module_path``       bool       true      false forbids every ``module_path`` import
 ``enable_events``           bool       false     record ``OffloadingEvent`` batches
+``drain_timeout_s``         float > 0  30.0      how long shutdown and drain wait for tier jobs
+                                                 to report
 ``[hooks] autoload``        bool       true      load ``kv_offload.hooks`` entry points
 ``[hooks] enable``          list[str]  []        only these hook plugins load (empty: all)
 ``[hooks] block``           list[str]  []        these hook plugins never load
@@ -130,6 +132,7 @@ class StackConfig:
     policy_module_path: str | None = _TOP["policy_module_path"].default
     allow_module_path: bool = _TOP["allow_module_path"].default
     enable_events: bool = _TOP["enable_events"].default
+    drain_timeout_s: float = _TOP["drain_timeout_s"].default
     hooks: HooksConfig = field(default_factory=HooksConfig)
     tiers: tuple[TierConfig, ...] = ()
     source: str = "<dict>"

@@ -75,7 +75,16 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _positive_seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Invalid(f"must be a number of seconds, got {type(value).__name__} {value!r}")
+    if not 0 < value < float("inf"):
+        raise Invalid(f"must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 POSITIVE_INT = _Rule("int > 0", _positive_int)
+POSITIVE_SECONDS = _Rule("float > 0", _positive_seconds)
 NAME = _Rule("str", _name)
 BOOLEAN = _Rule("bool", _boolean)
 NAMES = _Rule("list[str]", _names)
@@ -141,6 +150,12 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
         "false forbids every ``module_path`` import",
     ),
     Field("enable_events", BOOLEAN, False, "record ``OffloadingEvent`` batches", shown="cpu"),
+    Field(
+        "drain_timeout_s",
+        POSITIVE_SECONDS,
+        30.0,
+        "how long shutdown and drain wait for tier jobs to report",
+    ),
 )
 
 HOOK_FIELDS: Final[tuple[Field, ...]] = (

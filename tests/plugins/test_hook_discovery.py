@@ -86,6 +86,13 @@ BROKEN = DistSpec(
     },
     entry_points={HOOK_ENTRY_POINT_GROUP: {"broken": "kvo_hook_broken_test"}},
 )
+#: A second distribution advertising alpha's name.
+ALPHA2 = DistSpec(
+    name="kv-offload-hook-alpha-twin-test",
+    version="9.0.0",
+    files={"kvo_hook_alpha_twin_test.py": "def kv_offload_shutdown(manager):\n    pass\n"},
+    entry_points={HOOK_ENTRY_POINT_GROUP: {"alpha": "kvo_hook_alpha_twin_test"}},
+)
 MODULES = ["kvo_hook_alpha_test", "kvo_hook_beta_test", "kvo_hook_broken_test"]
 #: The test's own plugins. The environments also see the hook plugins installed where the
 #: suite runs (the project's own, such as ``prometheus``); the checks are about these.
@@ -94,10 +101,13 @@ NAMES = ["alpha", "beta", "broken"]
 CHILD = (
     DESCRIBE_EXCEPTION
     + f"""
-import json, sys
+import json, sys, warnings
 from kv_offload import CPUOffloadingManager, ReqContext, get_plugin_manager, make_offload_key
 
 result = {{}}
+warnings.simplefilter("always")
+caught = warnings.catch_warnings(record=True)
+result["warnings"] = seen = caught.__enter__()
 try:
     manager = CPUOffloadingManager(4)  # the default plugin manager: entry points autoload
     ctx = ReqContext("child")
@@ -114,6 +124,7 @@ try:
 except Exception as exc:
     result["error"] = describe(exc)
 result["imported"] = sorted(m for m in {MODULES!r} if m in sys.modules)
+result["warnings"] = [f"{{w.category.__name__}}: {{w.message}}" for w in seen]
 print(json.dumps(result))
 """
 )
@@ -126,6 +137,8 @@ SCENARIOS: dict[str, tuple[str, dict[str, str]]] = {
     "blocked": ("plain", {BLOCK_ENV: "alpha"}),
     "allowed": ("plain", {ALLOW_ENV: "beta"}),
     "broken": ("broken", {}),
+    "broken-allowed": ("broken", {ALLOW_ENV: "alpha,broken"}),
+    "conflict": ("conflict", {}),
     "broken-blocked": ("broken", {BLOCK_ENV: "broken"}),
 }
 
@@ -153,7 +166,7 @@ def envs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PluginEnv]:
     """``plain``: alpha and beta; ``broken``: alpha and a plugin that raises on import. Each
     is a real environment with its distributions installed by one pip run (both are built
     concurrently: the work is in child processes)."""
-    contents = {"plain": [ALPHA, BETA], "broken": [ALPHA, BROKEN]}
+    contents = {"plain": [ALPHA, BETA], "broken": [ALPHA, BROKEN], "conflict": [ALPHA, ALPHA2]}
     roots = {label: tmp_path_factory.mktemp(f"hook-{label}") for label in contents}
 
     def make(label: str) -> PluginEnv:
@@ -229,8 +242,24 @@ def test_allow_list_picks_one_of_two(reports: dict[str, dict[str, Any]]) -> None
     assert result["imported"] == ["kvo_hook_beta_test"]
 
 
-def test_broken_plugin_is_a_plugin_import_error(reports: dict[str, dict[str, Any]]) -> None:
+def test_broken_autoloaded_plugin_is_skipped_with_a_warning(
+    reports: dict[str, dict[str, Any]],
+) -> None:
+    """One broken installed distribution must not take down every manager."""
     result = reports["broken"]
+    assert "error" not in result, result["error"]
+    assert result["registered"] == ["alpha"]
+    assert result["events"] == {"alpha": FIRED}
+    (warning,) = [w for w in result["warnings"] if "'broken'" in w]
+    assert warning.startswith("BrokenPluginWarning: hook plugin 'broken'")
+    assert "distribution kv-offload-hook-broken-test 0.0.1" in warning
+    assert "native library missing" in warning and "(skipped)" in warning
+
+
+def test_broken_plugin_enabled_by_name_is_a_plugin_import_error(
+    reports: dict[str, dict[str, Any]],
+) -> None:
+    result = reports["broken-allowed"]
     error = result["error"]
     assert error["type"] == "PluginImportError"
     assert {"PluginError", "ImportError"} <= set(error["mro"])
@@ -242,6 +271,16 @@ def test_broken_plugin_is_a_plugin_import_error(reports: dict[str, dict[str, Any
     assert "KV_OFFLOAD_BLOCK_PLUGINS=broken" in message  # how to get going again
     assert error["cause_type"] == "RuntimeError"
     assert "broken" in result["markers"]
+
+
+def test_two_distributions_with_one_hook_name_conflict(
+    reports: dict[str, dict[str, Any]],
+) -> None:
+    error = reports["conflict"]["error"]
+    assert error["type"] == "PluginConflictError"
+    assert (error["kind"], error["plugin"]) == ("hook", "alpha")
+    assert "kv-offload-hook-alpha-test 1.0.0" in error["message"]
+    assert "kv-offload-hook-alpha-twin-test 9.0.0" in error["message"]
 
 
 def test_blocking_the_broken_plugin_lets_the_others_load(

@@ -29,6 +29,7 @@ from kv_offload import (
     get_plugin_manager,
     hookimpl,
 )
+from kv_offload.plugins import BrokenPluginWarning
 from kv_offload.plugins import loading as hooks_module
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
@@ -313,12 +314,15 @@ def test_autoload_false_ignores_entry_points(fake_entry_points: dict[str, str]) 
     assert len(pm.get_plugins()) == 1
 
 
-def test_broken_entry_point_is_a_plugin_import_error(
+def test_broken_entry_point_is_skipped_unless_enabled(
     fake_entry_points: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KV_OFFLOAD_BLOCK_PLUGINS")
+    with pytest.warns(BrokenPluginWarning, match="hook plugin 'broken'.*skipped"):
+        pm = create_plugin_manager()
+    assert pm.get_plugin("alpha") is not None and "broken" in pm.skipped
     with pytest.raises(PluginImportError) as exc:
-        create_plugin_manager()
+        create_plugin_manager(allow=["alpha", "broken"])
     assert (exc.value.kind, exc.value.plugin) == ("hook", "broken")
     assert "hook plugin 'broken'" in str(exc.value)
     assert "KV_OFFLOAD_BLOCK_PLUGINS=broken" in str(exc.value)

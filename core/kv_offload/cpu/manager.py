@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ..block_status import BlockStatus
-from ..errors import ManagerError
+from ..errors import PluginError
 from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
+from . import eviction
 from . import validation as check
 from .state import MEDIUM_CPU, CPUManagerState
 
@@ -46,6 +47,8 @@ class CPUOffloadingManager(CPUManagerState):
     # -- request lifecycle ----------------------------------------------------------------
 
     def on_new_request(self, req_context: ReqContext) -> None:
+        if self._closed:
+            raise check.closed_error("on_new_request")
         check.check_context(req_context, "on_new_request")
         if (hook := self.hooks.request_started) is not None:
             hook(manager=self, req_context=req_context)
@@ -101,6 +104,8 @@ class CPUOffloadingManager(CPUManagerState):
             check.check_context(req_context, "lookup")
         counters = self.counters
         if block is None:
+            if self._closed:  # the cache is empty after shutdown: only misses pay the check
+                raise check.closed_error("lookup")
             counters.misses += 1
             return _MISS
         if self._refs[block] < 0:
@@ -200,12 +205,12 @@ class CPUOffloadingManager(CPUManagerState):
         state change, when not enough blocks can be evicted.
         """
         if self._closed:
-            raise ManagerError("prepare_store: the manager was shut down; create a new one")
+            raise check.closed_error("prepare_store")
         key_list, key_set, blocks = self._unique_blocks_of(keys, req_context, "prepare_store")
         if self._on_request_access is not None:
             self._on_request_access(key_list, req_context)
         if protected:
-            key_set = key_set.union(protected)
+            key_set = check.protected_set(key_set, protected)
         to_store = [key for key, block in zip(key_list, blocks) if block is None]
         count = len(to_store)
         if not count:
@@ -224,13 +229,21 @@ class CPUOffloadingManager(CPUManagerState):
         if shortfall > 0:
             victims = None
             if shortfall <= slots.num_evictable:
-                victims = self._policy.evict(shortfall, key_set)
+                try:
+                    victims = self._policy.evict(shortfall, key_set)
+                except Exception as exc:
+                    raise eviction.mark_failed(self, exc) from exc
             if victims is None:
                 self.counters.rejected_stores += 1
                 return None
-            keys_out, blocks_out = check.victims(
-                victims, shortfall, key_set, slots, self.cache_policy_name
-            )
+            try:
+                keys_out, blocks_out = check.victims(
+                    victims, shortfall, key_set, slots, self.cache_policy_name
+                )
+            except PluginError as exc:
+                if not eviction.put_back(self, victims):
+                    raise eviction.mark_failed(self, exc) from exc
+                raise
             slots.release_idle(blocks_out)
             self.counters.evictions += shortfall
             evicted = list(keys_out)
@@ -250,6 +263,8 @@ class CPUOffloadingManager(CPUManagerState):
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Make stored blocks loadable, or free their slots when ``success`` is false."""
+        if type(success) is not bool:
+            check.check_success(success)
         key_list, blocks = self._blocks_of(keys, req_context, "complete_store")
         if not self._slots.finish_store(blocks, success):
             raise check.storable_error(key_list, self._slots.counts(blocks))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
-from ..errors import ConfigError, KVOffloadError, PluginError
+from ..errors import ConfigError, InvalidArgumentError, KVOffloadError, PluginError
 from ..events import EventLog
 from ..keys import OffloadKey
 from ..plugins import (
@@ -72,6 +72,11 @@ def plugin_setup(
 ) -> tuple[KVOffloadPluginManager, HookCallers, list[Any]]:
     """The plugin manager (the process-wide one by default), its hook callers, and the
     policy registered as a hook plugin if it carries hookimpls."""
+    if plugin_manager is not None and not isinstance(plugin_manager, KVOffloadPluginManager):
+        raise InvalidArgumentError(
+            f"plugin_manager must be a KVOffloadPluginManager (kv_offload.create_plugin_manager"
+            f"()), got {type(plugin_manager).__name__}"
+        )
     pm = plugin_manager if plugin_manager is not None else get_plugin_manager()
     return pm, HookCallers(pm), register_if_hookimpl(pm, policy)
 
@@ -203,6 +208,7 @@ class CPUManagerState(OffloadingManager):
         """
         self._policy.clear()
         self._slots.clear()
+        self._get = self._policy.fast_get()  # also recovers a failed manager (cpu/eviction.py)
         self.counters = Counters()
         if (hook := self.hooks.cache_reset) is not None:
             hook(manager=self)
@@ -217,7 +223,8 @@ class CPUManagerState(OffloadingManager):
         return []
 
     def shutdown(self) -> None:
-        """Release everything; later stores raise :class:`~kv_offload.ManagerError`.
+        """Release everything; later lookups, new requests and stores raise
+        :class:`~kv_offload.ManagerError`.
 
         Shutdown always completes; a hook plugin that raises on the way is reported after.
         """

@@ -11,7 +11,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..block_status import PENDING_REF_CNT, BlockStatus
-from ..errors import HookError, InvalidArgumentError, InvalidKeyError, KeyStateError, PluginError
+from ..errors import (
+    HookError,
+    InvalidArgumentError,
+    InvalidKeyError,
+    KeyStateError,
+    ManagerError,
+    PluginError,
+)
 from ..keys import OffloadKey
 from .slots import SlotTable
 
@@ -193,3 +200,35 @@ def victims(
             plugin=policy_name,
         )
     return keys, blocks
+
+
+def closed_error(operation: str) -> ManagerError:
+    """A call on a manager after ``shutdown()``: its cache is gone, answers would be lies."""
+    return ManagerError(f"{operation}: the manager was shut down; create a new one")
+
+
+def protected_set(key_set: set[Any], protected: Any) -> set[Any]:
+    """``key_set`` plus the ``protected`` keys; a ``protected`` that is not a collection of
+    keys (``protected=5``) is an :class:`InvalidArgumentError`, raised before any change."""
+    if isinstance(protected, (str, bytes)) or not hasattr(protected, "__iter__"):
+        raise InvalidArgumentError(
+            f"prepare_store: protected must be a collection of keys, got "
+            f"{type(protected).__name__} {protected!r}; pass protected=[key, ...]"
+        )
+    try:
+        return key_set.union(protected)
+    except TypeError:
+        raise InvalidKeyError(
+            f"prepare_store: protected holds an unhashable key ({protected!r}); "
+            f"keys are bytes from make_offload_key"
+        ) from None
+
+
+def check_success(success: Any) -> None:
+    """``complete_store``'s ``success`` must be a bool: ``"no"`` is truthy, and would make a
+    failed transfer's garbage loadable."""
+    if type(success) is not bool:
+        raise InvalidArgumentError(
+            f"complete_store: success must be True or False, got {type(success).__name__} "
+            f"{success!r}"
+        )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
@@ -26,7 +27,7 @@ from typing import Any
 
 import pluggy
 
-from ..errors import PluginImportError, PluginValidationError
+from ..errors import PluginConflictError, PluginImportError, PluginValidationError
 from . import hookspecs
 from .registry import dist_label
 from .settings import configure_plugin
@@ -35,6 +36,7 @@ __all__ = [
     "AUTOLOAD_DISABLE_ENV",
     "ALLOW_ENV",
     "BLOCK_ENV",
+    "BrokenPluginWarning",
     "HOOK_ENTRY_POINT_GROUP",
     "HOOK_NAMES",
     "KVOffloadPluginManager",
@@ -54,6 +56,11 @@ HOOK_NAMES = tuple(
 )
 
 
+class BrokenPluginWarning(RuntimeWarning):
+    """An autoloaded hook plugin failed to import and was skipped; the message names its
+    distribution. A plugin the config enables by name fails instead."""
+
+
 def _names(value: str | None) -> set[str]:
     return {part for part in re.split(r"[,\s]+", value or "") if part}
 
@@ -69,6 +76,8 @@ class KVOffloadPluginManager(pluggy.PluginManager):
         self.add_hookspecs(hookspecs)
         self._subscribers: list[weakref.WeakMethod[Callable[[], None]]] = []
         self._monitors = 0
+        #: Autoloaded hook plugins that failed to import, by name: the error (skipped).
+        self.skipped: dict[str, str] = {}
 
     @property
     def monitored(self) -> bool:
@@ -153,27 +162,54 @@ class KVOffloadPluginManager(pluggy.PluginManager):
         """
         allowed = set(allow) if allow is not None else None
         blocked = set(block)
+        # Named by the config's ``enable``/``[hooks.<name>]`` or KV_OFFLOAD_PLUGINS: a
+        # failure to import is the user's to fix now. Any other installed plugin that fails
+        # is skipped with a warning, so one broken distribution cannot stop every manager.
+        explicit = (allowed or set()) | set(settings or ())
         loaded = []
-        for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP):
-            if ep.name in blocked or (allowed is not None and ep.name not in allowed):
+        for name, candidates in _hook_entry_points().items():
+            if name in blocked or (allowed is not None and name not in allowed):
                 continue
-            if self.get_plugin(ep.name) is not None or self.is_blocked(ep.name):
+            if self.get_plugin(name) is not None or self.is_blocked(name):
                 continue
-            dist = dist_label(ep)
+            if len(candidates) > 1:
+                raise PluginConflictError(
+                    f"hook plugin {name!r} is provided by more than one installed "
+                    f"distribution ({', '.join(sorted(map(dist_label, candidates)))}); "
+                    f"uninstall all but one of them, or skip it with {BLOCK_ENV}={name}",
+                    kind="hook",
+                    plugin=name,
+                )
+            (ep,) = candidates
             try:
                 plugin = ep.load()
             except Exception as exc:
-                raise PluginImportError(
-                    f"hook plugin {ep.name!r} from distribution {dist} failed to import "
+                error = PluginImportError(
+                    f"hook plugin {name!r} from distribution {dist_label(ep)} failed to import "
                     f"({ep.value}): {type(exc).__name__}: {exc}; fix or uninstall it, or "
-                    f"skip it with {BLOCK_ENV}={ep.name}",
+                    f"skip it with {BLOCK_ENV}={name}",
                     kind="hook",
-                    plugin=ep.name,
-                ) from exc
-            plugin = configure_plugin(ep.name, plugin, (settings or {}).get(ep.name))
-            self.register(plugin, name=ep.name)
-            loaded.append(ep.name)
+                    plugin=name,
+                )
+                if name in explicit:
+                    raise error from exc
+                warnings.warn(f"{error} (skipped)", BrokenPluginWarning, stacklevel=2)
+                self.skipped[name] = str(error)
+                continue
+            plugin = configure_plugin(name, plugin, (settings or {}).get(name))
+            self.register(plugin, name=name)
+            loaded.append(name)
         return loaded
+
+
+def _hook_entry_points() -> dict[str, list[metadata.EntryPoint]]:
+    """Installed hook entry points by name, one per distribution (a distribution seen twice
+    on ``sys.path`` is one candidate; two distributions are a conflict)."""
+    found: dict[str, dict[str, metadata.EntryPoint]] = {}
+    for ep in metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP):
+        dist = ep.dist.name.lower().replace("_", "-") if ep.dist is not None else "<unknown>"
+        found.setdefault(ep.name, {}).setdefault(dist, ep)
+    return {name: list(by_dist.values()) for name, by_dist in found.items()}
 
 
 def create_plugin_manager(

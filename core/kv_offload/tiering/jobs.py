@@ -26,6 +26,7 @@ from ..keys import OffloadKey
 from ..plugins import HookErrorLog
 from ..types import ReqContext
 from .base import JobDirection, JobMetadata, JobResult, SecondaryTierManager
+from .faults import FaultReporter
 from .stats import TierStats
 
 __all__ = ["JobTable"]
@@ -63,6 +64,7 @@ class JobTable:
         self.gates = [tier.cascade_gate for tier in tiers]
         #: Keys whose promotion is queued or in flight.
         self.promoting: set[OffloadKey] = set()
+        self.faults = FaultReporter()
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -106,14 +108,13 @@ class JobTable:
                 tier.submit_load(meta)
             else:
                 tier.submit_store(meta)
-        except Exception:
-            logger.exception(
-                "tier %r raised from submit_%s (job %d, %d keys); the job is failed and its "
-                "CPU blocks are released",
+        except Exception as exc:
+            self.stats[index].submit_errors += 1
+            self.faults.report(
                 tier.name,
-                direction.value,
-                job_id,
-                len(keys),
+                f"submit_{direction.value}",
+                exc,
+                "the job is failed and its CPU blocks are released",
             )
             self._finish(JobResult(job_id, success=False), tier)
 

@@ -22,7 +22,7 @@ from typing import Any
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
 from ..cpu import CPUOffloadingManager
-from ..cpu.validation import as_list, short
+from ..cpu.validation import as_list, check_context, short
 from ..errors import ConfigError, KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
@@ -173,7 +173,14 @@ class TieringOffloadingManager(OffloadingManager):
         stats = self._jobs.stats
         for index in indices:
             stats[index].lookups += 1
-            held = tiers[index].lookup(key, req_context)
+            try:
+                held = tiers[index].lookup(key, req_context)
+            except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
+                stats[index].lookup_errors += 1
+                self._jobs.faults.report(
+                    tiers[index].name, "lookup", exc, "the key is a miss there"
+                )
+                continue
             if held is True:
                 answer = self._reserve_promotion(index, key, req_context)
                 if answer is _PENDING:
@@ -252,6 +259,7 @@ class TieringOffloadingManager(OffloadingManager):
     # -- lifecycle ------------------------------------------------------------------------
 
     def on_request_finished(self, req_context: ReqContext) -> None:
+        check_context(req_context, "on_request_finished")  # before any tier is told
         self._submit_queued(req_context.req_id)
         self._found.pop(req_context.req_id, None)
         if self._scope.whole:

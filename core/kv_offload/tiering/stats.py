@@ -13,7 +13,8 @@ __all__ = ["TierStats", "TieringStats"]
 class TierStats:
     """Counters of one secondary tier, cumulative (restart at zero on ``reset_cache``).
     ``lookups`` counts the CPU misses this tier was asked about, ``lookup_hits`` those it
-    held."""
+    held. ``lookup_errors`` and ``submit_errors`` count the calls to its ``lookup`` and
+    ``submit_*`` that raised (see :mod:`kv_offload.tiering.faults`)."""
 
     name: str
     lookup_hits: int = 0
@@ -25,6 +26,8 @@ class TierStats:
     bytes_written: int = 0
     bytes_read: int = 0
     lookups: int = 0  # last: existing positional uses keep their meaning
+    lookup_errors: int = 0
+    submit_errors: int = 0
     #: Cascade jobs (and their blocks) shed by the tier's backpressure gate.
     dropped_cascades: int = 0
     dropped_blocks: int = 0

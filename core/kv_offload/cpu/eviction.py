@@ -1,0 +1,64 @@
+"""What the CPU manager does when a policy's ``evict()`` breaks its contract.
+
+The policy is a plugin, and ``evict()`` removes its victims from the policy's own structures
+before the manager sees them, so a broken answer must not leave hidden damage behind:
+
+* victims that break the contract (pinned, pending or protected blocks, the wrong number) are
+  **put back**: re-inserted into the policy with their blocks, evictable again if idle. The
+  call raises :class:`~kv_offload.PluginError` and the manager is as it was: pinned keys stay
+  ``HIT``, ``complete_load`` works, ``get_stats()`` is unchanged;
+* an ``evict()`` that raises, or returns something that is not ``(key, block)`` pairs, may
+  have removed any number of blocks the manager cannot name. The manager is then marked
+  **failed**: every later call that reads the cache raises :class:`~kv_offload.ManagerError`
+  naming the policy and its error, until ``reset_cache()`` (which empties the cache and the
+  policy) or a new manager.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ..block_status import BlockStatus
+from ..errors import ManagerError, PluginError
+
+if TYPE_CHECKING:
+    from .state import CPUManagerState
+
+__all__ = ["mark_failed", "put_back"]
+
+
+def put_back(manager: CPUManagerState, chosen: Any) -> bool:
+    """Re-insert a contract-breaking ``evict()`` answer into the policy; ``False`` when the
+    answer is not ``(key, block)`` pairs of known slots (nothing can be put back)."""
+    slots = manager._slots
+    try:
+        pairs = [(key, block) for key, block in chosen]
+        hash(tuple(key for key, _ in pairs))
+    except (TypeError, ValueError):
+        return False
+    if not all(isinstance(b, BlockStatus) and 0 <= b < slots.num_blocks for _, b in pairs):
+        return False
+    policy = manager.policy
+    for key, block in pairs:
+        if policy.get(key) is not None:
+            continue  # not removed (a key the policy still holds)
+        policy.insert(key, block)
+        if slots.refs[block] == 0:
+            policy.mark_evictable(key)
+    return True
+
+
+def mark_failed(manager: CPUManagerState, error: BaseException) -> PluginError:
+    """Make every later cache read raise, and return the error to raise now."""
+    name = manager.cache_policy_name
+    message = (
+        f"policy {name!r} broke the evict() contract ({type(error).__name__}: {error}); "
+        f"the blocks it removed cannot be named, so the manager is failed: call "
+        f"reset_cache() or build a new manager, and fix the policy's evict()"
+    )
+
+    def failed(key: Any) -> NoReturn:
+        raise ManagerError(message)
+
+    manager._get = failed
+    return PluginError(message, kind="policy", plugin=name)
