@@ -82,11 +82,13 @@ def verify(
         return "truncated", f"truncated ({nread} of {expected} bytes)"
     if nread > expected:
         return "too_long", f"longer than a block file ({expected} bytes)"
-    magic, version, key_len, _flags, payload_len, digest = HEADER.unpack_from(head)
+    magic, version, key_len, flags, payload_len, digest = HEADER.unpack_from(head)
     if magic != MAGIC:
         return "foreign", "not a kv-offload block file (bad magic)"
     if version != FORMAT_VERSION:
         return "version", f"format version {version}, this tier reads {FORMAT_VERSION}"
+    if flags != 0:  # none are defined: a set bit is damage (or a newer writer), never ignored
+        return "header", f"unknown header flags {flags:#x}"
     if payload_len != block_size:
         return "block_size", f"a block of {payload_len} bytes, this tier stores {block_size}"
     end = HEADER.size + len(key)
