@@ -409,6 +409,7 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
         "tiers": [{"type": "example", "capacity_blocks": 64}],
         "hooks": {"autoload": False, "enable": [], "block": []},
         "allow_module_path": False,
+        "drain_timeout_s": 30.0,
     }
     manager = build_manager(path)
     try:

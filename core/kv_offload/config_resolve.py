@@ -80,6 +80,12 @@ def _check_hooks(v: Validator, config: StackConfig) -> None:
                     f"(installed: {', '.join(sorted(hook_eps)) or 'none'}; "
                     "see `kv-offload plugins`)",
                 )
+    for name in config.hooks.enable:  # named: managers fail to import it too (not skip it)
+        if name not in config.hooks.block and name not in config.hooks.settings:
+            try:
+                load_hook_entry_point(hook_eps[name])
+            except PluginImportError as exc:
+                raise v.fail(("hooks", "enable"), str(exc)) from exc
     for name, table in config.hooks.settings.items():
         try:
             parse_plugin_settings(name, load_hook_entry_point(hook_eps[name]), table)
