@@ -17,6 +17,7 @@ import math
 import re
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from importlib import metadata
@@ -431,7 +432,14 @@ def test_scrapes_during_a_replay_parse_and_never_go_down(requests: list[Any]) ->
     thread = threading.Thread(target=scraper)
     thread.start()
     try:
-        replay(manager, requests[:250], data_plane=True)
+        # In five parts, each waiting for a scrape after it: a fast machine could otherwise
+        # finish the replay between two scrapes.
+        for part in range(5):
+            seen = len(scrapes)
+            replay(manager, requests[part * 50 : (part + 1) * 50], data_plane=True)
+            deadline = time.monotonic() + 5.0
+            while len(scrapes) <= seen and not errors and time.monotonic() < deadline:
+                time.sleep(0.005)
     finally:
         done.set()
         thread.join()
