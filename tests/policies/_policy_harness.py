@@ -6,7 +6,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from kv_offload import CachePolicy, OffloadKey, ReqContext, make_offload_key
+from kv_offload import (
+    CachePolicy,
+    CPUOffloadingManager,
+    LookupResult,
+    OffloadKey,
+    ReqContext,
+    make_offload_key,
+)
 from kv_offload.block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
 
 CTX = ReqContext(req_id="test")
@@ -86,3 +93,24 @@ def match_reference(
         for key in keys:
             assert policy.get(key) is ref.get(key)
         same_state()
+
+
+def run_request(manager: CPUOffloadingManager, keys: list[OffloadKey], req_id: str = "r") -> int:
+    """The replay flow of one request through a manager; returns the number of prefix hits."""
+    ctx = ReqContext(req_id=req_id)
+    manager.on_new_request(ctx)
+    hits = 0
+    for key in keys:
+        if manager.lookup(key, ctx) is not LookupResult.HIT:
+            break
+        hits += 1
+    if hits:
+        manager.prepare_load(keys[:hits], ctx)
+        manager.complete_load(keys[:hits], ctx)
+        manager.touch(keys[:hits], ctx)
+    if hits < len(keys):
+        out = manager.prepare_store(keys[hits:], ctx)
+        if out is not None and out.keys_to_store:
+            manager.complete_store(out.keys_to_store, ctx)
+    manager.on_request_finished(ctx)
+    return hits

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterable
 
 import pytest
-from _policy_harness import CTX, Blocks, k, match_reference
+from _policy_harness import CTX, Blocks, k, match_reference, run_request
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
@@ -278,10 +278,10 @@ def test_scan_does_not_flush_the_frequent_working_set() -> None:
 def test_lru_would_have_flushed_the_same_working_set() -> None:
     manager = CPUOffloadingManager(100, cache_policy="lru")
     hot = [k(i) for i in range(60)]
-    _request(manager, hot)
-    _request(manager, hot)
+    run_request(manager, hot)
+    run_request(manager, hot)
     for i in range(1000):
-        _request(manager, [k(10_000 + i)])
+        run_request(manager, [k(10_000 + i)])
     assert all(manager.lookup(key, CTX) is LookupResult.MISS for key in hot)
 
 
@@ -460,36 +460,15 @@ def test_matches_the_reference_on_random_workloads(
 # -- through the manager -----------------------------------------------------------------
 
 
-def _request(manager: CPUOffloadingManager, keys: list[OffloadKey]) -> int:
-    """The replay flow of one request; returns the number of prefix hits."""
-    ctx = ReqContext(req_id="r")
-    manager.on_new_request(ctx)
-    hits = 0
-    for key in keys:
-        if manager.lookup(key, ctx) is not LookupResult.HIT:
-            break
-        hits += 1
-    if hits:
-        manager.prepare_load(keys[:hits], ctx)
-        manager.complete_load(keys[:hits], ctx)
-        manager.touch(keys[:hits], ctx)
-    if hits < len(keys):
-        out = manager.prepare_store(keys[hits:], ctx)
-        if out is not None and out.keys_to_store:
-            manager.complete_store(out.keys_to_store, ctx)
-    manager.on_request_finished(ctx)
-    return hits
-
-
 def test_manager_resolves_arc_and_keeps_a_hot_prefix_through_a_scan() -> None:
     manager = CPUOffloadingManager(100, cache_policy="arc")
     assert isinstance(manager.policy, ARCCachePolicy)
     hot = [k(i) for i in range(60)]
-    assert _request(manager, hot) == 0
-    assert _request(manager, hot) == 60
+    assert run_request(manager, hot) == 0
+    assert run_request(manager, hot) == 60
     for i in range(1000):
-        _request(manager, [k(10_000 + i)])
-    assert _request(manager, hot) == 60
+        run_request(manager, [k(10_000 + i)])
+    assert run_request(manager, hot) == 60
     stats = manager.get_stats()
     assert stats.resident_blocks == 100
     assert stats.evictions == 1000 - 40

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _policy_harness import k
-from kv_offload import CachePolicy, CPUOffloadingManager, LookupResult, OffloadKey, ReqContext
+from _policy_harness import k, run_request
+from kv_offload import CachePolicy, CPUOffloadingManager, OffloadKey, ReqContext
 from kv_offload.policy_factory import CachePolicyFactory
 from kv_offload_lru import LRUCachePolicy
 
@@ -37,42 +37,22 @@ def recording() -> Any:
     CachePolicyFactory.unregister_cache_policy("recording-lru")
 
 
-def request(manager: CPUOffloadingManager, keys: list[OffloadKey], req_id: str) -> int:
-    ctx = ReqContext(req_id=req_id)
-    manager.on_new_request(ctx)
-    hits = 0
-    for key in keys:
-        if manager.lookup(key, ctx) is not LookupResult.HIT:
-            break
-        hits += 1
-    if hits:
-        manager.prepare_load(keys[:hits], ctx)
-        manager.complete_load(keys[:hits], ctx)
-        manager.touch(keys[:hits], ctx)
-    if hits < len(keys):
-        out = manager.prepare_store(keys[hits:], ctx)
-        if out is not None and out.keys_to_store:
-            manager.complete_store(out.keys_to_store, ctx)
-    manager.on_request_finished(ctx)
-    return hits
-
-
 def test_callbacks_see_every_requested_key_and_the_misses(recording: None) -> None:
     manager = CPUOffloadingManager(4, cache_policy="recording-lru")
-    request(manager, [k(1), k(2)], "a")
+    run_request(manager, [k(1), k(2)], "a")
     assert recorded == [("access", [k(1), k(2)], "a"), ("miss", [k(1), k(2)], "a")]
     recorded.clear()
-    request(manager, [k(3), k(2)], "b")  # k2 is resident behind the first miss
+    run_request(manager, [k(3), k(2)], "b")  # k2 is resident behind the first miss
     assert recorded == [("access", [k(3), k(2)], "b"), ("miss", [k(3)], "b")]
     recorded.clear()
-    request(manager, [k(1), k(2), k(5)], "c")  # two hits, then a miss
+    run_request(manager, [k(1), k(2), k(5)], "c")  # two hits, then a miss
     assert recorded == [
         ("access", [k(1), k(2)], "c"),
         ("access", [k(5)], "c"),
         ("miss", [k(5)], "c"),
     ]
     recorded.clear()
-    request(manager, [k(1), k(2)], "d")  # all hits: no store, no miss
+    run_request(manager, [k(1), k(2)], "d")  # all hits: no store, no miss
     assert recorded == [("access", [k(1), k(2)], "d")]
 
 
@@ -102,7 +82,7 @@ def test_a_store_admission_hook_filters_before_on_store_miss(recording: None) ->
     plugins = create_plugin_manager()
     plugins.register(OnlyEven())
     manager = CPUOffloadingManager(8, cache_policy="recording-lru", plugin_manager=plugins)
-    request(manager, [k(1), k(2), k(3), k(4)], "a")
+    run_request(manager, [k(1), k(2), k(3), k(4)], "a")
     assert recorded == [("access", [k(1), k(2), k(3), k(4)], "a"), ("miss", [k(2), k(4)], "a")]
 
 
@@ -124,6 +104,6 @@ def test_policies_that_do_not_override_them_are_never_called(
     monkeypatch.setattr(CachePolicy, "on_store_miss", miss)
     manager = CPUOffloadingManager(3, cache_policy=policy)
     for i in range(20):
-        request(manager, [k(0), k(1 + i % 5), k(100 + i)], f"r{i}")
+        run_request(manager, [k(0), k(1 + i % 5), k(100 + i)], f"r{i}")
     assert manager.get_stats().hits > 0
     assert called == []

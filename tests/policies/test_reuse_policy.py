@@ -7,7 +7,7 @@ import random
 from collections.abc import Iterable
 
 import pytest
-from _policy_harness import CTX, Blocks, k, match_reference
+from _policy_harness import CTX, Blocks, k, match_reference, run_request
 from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext, build_manager
 from kv_offload.block_status import BlockStatus
 from kv_offload_reuse import SLOTS_PER_BLOCK, WINDOW, ReuseCachePolicy, slot_of
@@ -344,47 +344,27 @@ def test_matches_the_reference_on_random_workloads(seed: int) -> None:
 # -- through the manager -------------------------------------------------------------------
 
 
-def _request(manager: CPUOffloadingManager, keys: list[OffloadKey]) -> int:
-    ctx = ReqContext(req_id="r")
-    manager.on_new_request(ctx)
-    hits = 0
-    for key in keys:
-        if manager.lookup(key, ctx) is not LookupResult.HIT:
-            break
-        hits += 1
-    if hits:
-        manager.prepare_load(keys[:hits], ctx)
-        manager.complete_load(keys[:hits], ctx)
-        manager.touch(keys[:hits], ctx)
-    if hits < len(keys):
-        out = manager.prepare_store(keys[hits:], ctx)
-        if out is not None and out.keys_to_store:
-            manager.complete_store(out.keys_to_store, ctx)
-    manager.on_request_finished(ctx)
-    return hits
-
-
 def test_selected_by_name_in_config_and_keeps_a_returning_conversation() -> None:
     manager = build_manager({"num_blocks": 100, "policy": "reuse"})
     assert isinstance(manager.policy, ReuseCachePolicy)
     convo = [k(i) for i in range(40)]
-    assert _request(manager, convo) == 0
+    assert run_request(manager, convo) == 0
     for i in range(350):  # pushes it out, and past ARC's ghost horizon
-        _request(manager, [k(10_000 + i)])
-    assert _request(manager, convo) == 0  # ... it comes back: remembered, stored in T2
+        run_request(manager, [k(10_000 + i)])
+    assert run_request(manager, convo) == 0  # ... it comes back: remembered, stored in T2
     for i in range(80):  # one-time blocks now churn through T1 only
-        _request(manager, [k(20_000 + i)])
+        run_request(manager, [k(20_000 + i)])
     # Each block's record can be lost to a hash collision, but the deepest remembered one
     # vouches for the whole prefix before it.
-    assert _request(manager, convo) >= 30
+    assert run_request(manager, convo) >= 30
     lru = CPUOffloadingManager(100, cache_policy="lru")
-    _request(lru, convo)
+    run_request(lru, convo)
     for i in range(350):
-        _request(lru, [k(10_000 + i)])
-    _request(lru, convo)
+        run_request(lru, [k(10_000 + i)])
+    run_request(lru, convo)
     for i in range(80):
-        _request(lru, [k(20_000 + i)])
-    assert _request(lru, convo) == 0, "LRU lost it to the same churn"
+        run_request(lru, [k(20_000 + i)])
+    assert run_request(lru, convo) == 0, "LRU lost it to the same churn"
     manager.shutdown()
 
 
