@@ -2,9 +2,8 @@
 
 * A successful ``complete_store`` cascades the blocks to every secondary tier (a job per
   tier, see :mod:`kv_offload.tiering.jobs`).
-* A CPU miss that a tier has reserves a CPU slot (a pending store in the CPU tier, so ``lookup``
-  answers ``PENDING`` and the slot cannot be evicted) and queues a promotion, submitted at
-  ``on_schedule_end()``.
+* A CPU miss that a tier has reserves a CPU slot and queues a promotion, submitted at
+  ``on_schedule_end()`` (:mod:`kv_offload.tiering.promotions`).
 * A tier with backpressure on has a cascade gate that may drop cascades to it
   (:mod:`kv_offload.tiering.cascade_gate`); request-level offload and per-request tier
   filters live in :mod:`kv_offload.tiering.request_scope`.
@@ -38,6 +37,7 @@ from ..types import (
 from .base import JobDirection, SecondaryTierManager
 from .cascade_gate import build_gate
 from .jobs import JobTable
+from .promotions import Promotions
 from .request_scope import RequestScope
 from .stats import TieringStats, TierStats
 
@@ -86,10 +86,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._jobs = JobTable(self, primary, self.tiers, self._errors)
         self._gated = any(gate is not None for gate in self._jobs.gates)
         self._scope = RequestScope(self.tiers, primary, self._jobs)
-        # (tier index, req_id) -> (context, keys, slots) promotions waiting for the step end
-        self._queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
-        # req_id -> keys its lookups answered HIT or PENDING (protected from its promotions)
-        self._found: dict[str, set[OffloadKey]] = {}
+        self._promotions = Promotions(primary, self._jobs, self._errors)
         self._closed = False
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
@@ -164,9 +161,7 @@ class TieringOffloadingManager(OffloadingManager):
         if not self.tiers:
             return result
         if result is not _MISS:
-            # What a request found stays protected from its own promotions until it finishes:
-            # evicting an earlier HIT of the same prefix would break its prepare_load.
-            self._found.setdefault(req_context.req_id, set()).add(key)
+            self._promotions.note_found(req_context.req_id, key)
             return result
         ask_again = False
         tiers = self.tiers
@@ -182,32 +177,10 @@ class TieringOffloadingManager(OffloadingManager):
                 )
                 continue
             if held is True:
-                answer = self._reserve_promotion(index, key, req_context)
-                if answer is _PENDING:
-                    self._found.setdefault(req_context.req_id, set()).add(key)
-                return answer
+                return self._promotions.reserve(index, key, req_context)
             if held is None:
                 ask_again = True
         return _PENDING if ask_again else _MISS
-
-    def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
-        self._jobs.stats[index].lookup_hits += 1
-        protected = self._found.get(ctx.req_id, ())
-        # A store-admission hook raises before anything changed (and so does this call); an
-        # eviction hook raises after the slot was reserved: queue the promotion, then report.
-        out = self._errors.call(self.primary.prepare_store, [key], ctx, protected=protected)
-        if out is None or not out.keys_to_store:
-            self._errors.raise_pending()  # an admission hook raised: nothing changed
-            self._jobs.stats[index].refused_promotions += 1
-            return _MISS
-        self._jobs.promoting.add(key)
-        _, keys, slots = self._queued.setdefault((index, ctx.req_id), (ctx, [], []))
-        keys.append(key)
-        slots.append(int(out.store_spec.block_ids[0]))
-        if self._errors.pending:
-            self._found.setdefault(ctx.req_id, set()).add(key)
-            self._errors.raise_pending()
-        return _PENDING
 
     def on_schedule_end(self) -> None:
         """Tell every tier the step ended, submit the promotions queued this step, then
@@ -217,16 +190,11 @@ class TieringOffloadingManager(OffloadingManager):
                 tier.on_schedule_end()
             except Exception:
                 logger.exception("tier %r raised from on_schedule_end(); ignored", tier.name)
-        self._submit_queued()
+        self._promotions.submit()
         self._jobs.poll()
         if self._scope.whole:
             self._scope.flush_parked()
         self._errors.raise_pending()
-
-    def _submit_queued(self, req_id: str | None = None) -> None:
-        for group in [g for g in self._queued if req_id is None or g[1] == req_id]:
-            ctx, keys, slots = self._queued.pop(group)
-            self._jobs.submit(group[0], JobDirection.LOAD, keys, slots, ctx)
 
     # -- stores and cascades --------------------------------------------------------------
 
@@ -260,8 +228,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         check_context(req_context, "on_request_finished")  # before any tier is told
-        self._submit_queued(req_context.req_id)
-        self._found.pop(req_context.req_id, None)
+        self._promotions.finish(req_context.req_id)
         if self._scope.whole:
             self._scope.finish(req_context.req_id)
         for tier in self.tiers:
@@ -271,7 +238,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     def has_pending_work(self) -> bool:
         """Whether tier jobs or queued promotions are outstanding."""
-        return bool(len(self._jobs) or self._queued)
+        return bool(len(self._jobs) or self._promotions.queued)
 
     def drain(self, timeout: float | None = None) -> None:
         """Submit queued promotions and wait until every tier job has reported."""
@@ -279,7 +246,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._errors.raise_pending()
 
     def _drain(self, timeout: float | None = None) -> None:
-        self._submit_queued()
+        self._promotions.submit()
         self._jobs.drain(self.drain_timeout if timeout is None else timeout)
 
     def take_events(self) -> list[OffloadingEvent]:
@@ -292,14 +259,10 @@ class TieringOffloadingManager(OffloadingManager):
         backpressure measurements restart; secondary tiers keep their blocks (they may be
         shared with other engines). If a tier does not report in time the drain raises
         :class:`~kv_offload.errors.ManagerError` and nothing is reset."""
-        for ctx, keys, _ in self._queued.values():
-            self._jobs.promoting.difference_update(keys)
-            self._errors.call(self.primary.complete_store, keys, ctx, False)
-        self._queued.clear()
+        self._promotions.cancel()
         self._jobs.drain(self.drain_timeout)
         self._errors.call(self.primary.reset_cache)
         self._jobs.promoting.clear()
-        self._found.clear()
         for whole in self._scope.whole.values():
             whole.parked.clear()
         self._jobs.reset_stats()
@@ -310,7 +273,7 @@ class TieringOffloadingManager(OffloadingManager):
             cpu=self.primary.get_stats(),
             tiers=self.tier_stats(),
             jobs_in_flight=len(self._jobs),
-            promotions_queued=sum(len(k) for _, k, _ in self._queued.values()),
+            promotions_queued=self._promotions.blocks_queued(),
         )
 
     def cpu_stats(self) -> OffloadingStats:

@@ -1,0 +1,81 @@
+"""Promotions: a CPU miss that a secondary tier holds becomes a pending CPU store.
+
+The tiered manager's ``lookup`` finds the key in a tier; :meth:`Promotions.reserve` reserves a
+CPU slot for it at once (a pending store in the CPU tier, so ``lookup`` answers ``PENDING`` and
+the slot cannot be evicted) and queues the load from the tier. Queued loads are submitted
+together at the end of the scheduler step (one job per tier and request), or when the request
+finishes. Keys a request found (``HIT`` or ``PENDING``) stay protected from that request's own
+later promotions: evicting an earlier hit of the same prefix would break its ``prepare_load``.
+"""
+
+from __future__ import annotations
+
+from ..cpu import CPUOffloadingManager
+from ..keys import OffloadKey
+from ..plugins import HookErrorLog
+from ..types import LookupResult, ReqContext
+from .base import JobDirection
+from .jobs import JobTable
+
+__all__ = ["Promotions"]
+
+_MISS = LookupResult.MISS
+_PENDING = LookupResult.PENDING
+
+
+class Promotions:
+    """Reserved CPU slots waiting for their tier load, and what each request found."""
+
+    def __init__(self, primary: CPUOffloadingManager, jobs: JobTable, errors: HookErrorLog) -> None:
+        self._primary = primary
+        self._jobs = jobs
+        self._errors = errors
+        # (tier index, req_id) -> (context, keys, slots) promotions waiting for the step end
+        self.queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
+        # req_id -> keys its lookups answered HIT or PENDING (protected from its promotions)
+        self.found: dict[str, set[OffloadKey]] = {}
+
+    def note_found(self, req_id: str, key: OffloadKey) -> None:
+        self.found.setdefault(req_id, set()).add(key)
+
+    def reserve(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        """Reserve a CPU slot for ``key``, held by tier ``index``, and queue its load:
+        ``PENDING``, or ``MISS`` when no CPU slot can be freed (or an admission hook said no)."""
+        self._jobs.stats[index].lookup_hits += 1
+        protected = self.found.get(ctx.req_id, ())
+        # A store-admission hook raises before anything changed (and so does this call); an
+        # eviction hook raises after the slot was reserved: queue the promotion, then report.
+        out = self._errors.call(self._primary.prepare_store, [key], ctx, protected=protected)
+        if out is None or not out.keys_to_store:
+            self._errors.raise_pending()  # an admission hook raised: nothing changed
+            self._jobs.stats[index].refused_promotions += 1
+            return _MISS
+        self._jobs.promoting.add(key)
+        _, keys, slots = self.queued.setdefault((index, ctx.req_id), (ctx, [], []))
+        keys.append(key)
+        slots.append(int(out.store_spec.block_ids[0]))
+        self.note_found(ctx.req_id, key)
+        self._errors.raise_pending()
+        return _PENDING
+
+    def submit(self, req_id: str | None = None) -> None:
+        """Submit the queued loads (of one request, or all) as tier jobs."""
+        for group in [g for g in self.queued if req_id is None or g[1] == req_id]:
+            ctx, keys, slots = self.queued.pop(group)
+            self._jobs.submit(group[0], JobDirection.LOAD, keys, slots, ctx)
+
+    def finish(self, req_id: str) -> None:
+        """The request finished: its queued loads go out, its found keys are unprotected."""
+        self.submit(req_id)
+        self.found.pop(req_id, None)
+
+    def cancel(self) -> None:
+        """Drop every queued load (never submitted): their CPU stores fail, slots free."""
+        for ctx, keys, _ in self.queued.values():
+            self._jobs.promoting.difference_update(keys)
+            self._errors.call(self._primary.complete_store, keys, ctx, False)
+        self.queued.clear()
+        self.found.clear()
+
+    def blocks_queued(self) -> int:
+        return sum(len(keys) for _, keys, _ in self.queued.values())
