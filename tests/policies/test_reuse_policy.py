@@ -9,8 +9,8 @@ from collections.abc import Iterable
 import pytest
 from _policy_harness import CTX, Blocks, k, match_reference, run_request
 from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext, build_manager
-from kv_offload.block_status import BlockStatus
 from kv_offload_reuse import SLOTS_PER_BLOCK, WINDOW, ReuseCachePolicy, slot_of
+from kv_offload_reuse.reference import ReferenceReusePolicy
 
 
 class Harness:
@@ -195,130 +195,6 @@ def test_evict_is_all_or_nothing_and_skips_busy_and_protected_blocks() -> None:
 # -- against the reference -----------------------------------------------------------------
 
 
-class ReferenceReuse:
-    """The same algorithm, written for clarity: lists, a dict for the table, no numpy."""
-
-    def __init__(self, c: int) -> None:
-        self.c = c
-        self.size = SLOTS_PER_BLOCK * c
-        self.epoch_blocks = max(1, WINDOW * c // 64)
-        self.clear()
-
-    def clear(self) -> None:
-        self.t1: list[tuple[OffloadKey, BlockStatus]] = []
-        self.t2: list[tuple[OffloadKey, BlockStatus]] = []
-        self.table: dict[int, tuple[int, int, int]] = {}  # slot -> (fingerprint, epoch, list)
-        self.evictions: list[tuple[int, int]] = []  # (epoch, list) of remembered evictions
-        self.every: list[tuple[int, int]] = []  # ... and of every eviction in the window
-        self.epoch = 0
-        self.count = 0
-        self.p = self.c / 2
-
-    def get(self, key: OffloadKey) -> BlockStatus | None:
-        for listed in (self.t1, self.t2):
-            for other, block in listed:
-                if other == key:
-                    return block
-        return None
-
-    def remove(self, key: OffloadKey) -> None:
-        self.t1 = [(o, b) for o, b in self.t1 if o != key]
-        self.t2 = [(o, b) for o, b in self.t2 if o != key]
-
-    def insert_many(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
-        """Classified as the batch arrives: keys up to the deepest remembered one are
-        reuses (a key implies its prefix); then each remembered key is consumed in order."""
-        for key in keys:
-            self.remove(key)
-        records = []
-        for key in keys:
-            slot, fingerprint = slot_of(key, self.size)
-            record = self.table.get(slot)
-            records.append(
-                (slot, record) if record is not None and record[0] == fingerprint else None
-            )
-        deepest = max((i + 1 for i, r in enumerate(records) if r is not None), default=0)
-        for found in records:
-            if found is not None:
-                self.consume(*found)
-        for i, (key, block) in enumerate(zip(keys, blocks)):
-            (self.t2 if i < deepest else self.t1).append((key, block))
-        for _ in keys:
-            self.count += 1
-            if self.count == self.epoch_blocks:
-                self.count = 0
-                self.epoch = (self.epoch + 1) % 64
-                if self.epoch % 8 == 0:
-                    doomed = range(self.epoch, self.epoch + 8)
-                    self.table = {s: r for s, r in self.table.items() if r[1] not in doomed}
-                    self.evictions = [(e, o) for e, o in self.evictions if e not in doomed]
-                    self.every = [(e, o) for e, o in self.every if e not in doomed]
-
-    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
-        self.insert_many([key], [block])
-
-    def consume(self, slot: int, record: tuple[int, int, int]) -> None:
-        del self.table[slot]
-        _, left, origin = record
-        b1, b2 = self.ghost_sizes()
-        span = (self.epoch - left) % 64
-        since = sum(1 for e, o in self.every if o == origin and (e - left) % 64 <= span)
-        if since <= (b1 if origin == 1 else b2):
-            if origin == 1:
-                self.p = min(self.c, self.p + max(1.0, b2 / max(b1, 1)))
-            else:
-                self.p = max(0.0, self.p - max(1.0, b1 / max(b2, 1)))
-        self.evictions.remove((left, origin))
-
-    def ghost_sizes(self) -> tuple[int, int]:
-        b1 = min(max(0, self.c - len(self.t1)), sum(1 for _, o in self.evictions if o == 1))
-        return b1, min(self.c - b1, sum(1 for _, o in self.evictions if o == 2))
-
-    def touch(self, keys: list[OffloadKey], req_context: object = None) -> None:
-        for key in reversed(keys):
-            for listed in (self.t1, self.t2):
-                for i, (other, block) in enumerate(listed):
-                    if other == key:
-                        del listed[i]
-                        self.t2.append((key, block))
-                        break
-                else:
-                    continue
-                break
-
-    def evict(
-        self, n: int, protected: set[OffloadKey]
-    ) -> list[tuple[OffloadKey, BlockStatus]] | None:
-        if n <= 0:
-            return []
-
-        def idle(listed: list[tuple[OffloadKey, BlockStatus]]) -> list[int]:
-            return [i for i, (o, b) in enumerate(listed) if b.ref_cnt == 0 and o not in protected]
-
-        cand1, cand2 = idle(self.t1), idle(self.t2)
-        if len(cand1) + len(cand2) < n or n > len(self.t1) + len(self.t2):
-            return None
-        want1 = min(n, max(0, -int(-(len(self.t1) - self.p) // 1)))
-        take1 = cand1[:want1]
-        take2 = cand2[: n - len(take1)]
-        take1 = cand1[: n - len(take2)]
-        victims = []
-        for origin, listed, taken in ((1, self.t1, take1), (2, self.t2, take2)):
-            for i in taken:
-                key, block = listed[i]
-                victims.append((key, block))
-                slot, fingerprint = slot_of(key, self.size)
-                self.table[slot] = (fingerprint, self.epoch, origin)
-                self.evictions.append((self.epoch, origin))
-                self.every.append((self.epoch, origin))
-            for i in reversed(taken):
-                del listed[i]
-        return victims
-
-    def state(self) -> tuple[object, ...]:
-        return self.p, [o for o, _ in self.t1], [o for o, _ in self.t2]
-
-
 def table_of(policy: ReuseCachePolicy) -> dict[int, tuple[int, int, int]]:
     return {
         slot: (word >> 8, word >> 2 & 63, (word & 3) - 1)
@@ -331,7 +207,7 @@ def table_of(policy: ReuseCachePolicy) -> dict[int, tuple[int, int, int]]:
 def test_matches_the_reference_on_random_workloads(seed: int) -> None:
     c = random.Random(seed).choice((3, 8, 25))
     policy = ReuseCachePolicy(c)
-    ref = ReferenceReuse(c)
+    ref = ReferenceReusePolicy(c)
 
     def same_state() -> None:
         assert (policy.p, policy.t1, policy.t2) == ref.state()
@@ -417,7 +293,7 @@ def test_miniatures_replay_each_request_and_the_cache_follows_the_leader() -> No
 
 
 def test_sampled_keys_of_unfinished_requests_are_bounded() -> None:
-    from kv_offload_reuse import _MAX_OPEN_REQUESTS
+    from kv_offload_reuse.policy import _MAX_OPEN_REQUESTS
 
     policy = ReuseCachePolicy(5000)
     for i in range(_MAX_OPEN_REQUESTS + 500):

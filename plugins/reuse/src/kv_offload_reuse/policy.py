@@ -1,0 +1,365 @@
+"""The reuse-aware policy itself (the algorithm is described in :mod:`kv_offload_reuse`).
+
+Speed tricks (C-level ``map``/``compress`` over a batch, an ``array('H')`` table with a numpy
+view for the periodic wipe) are guarded by ``benchmarks/reuse_policy.py`` and by
+:mod:`kv_offload_reuse.reference`, which the tests hold this module to step by step.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from itertools import compress, islice
+from math import ceil
+from operator import attrgetter, itemgetter, not_
+
+import numpy as np
+from kv_offload import BlockStatus, CachePolicy, ConfigError, OffloadKey, ReqContext
+
+from .duel import Miniature, sample_rate, sampled
+
+__all__ = ["ReuseCachePolicy", "WINDOW", "SLOTS_PER_BLOCK", "MODES", "slot_of"]
+
+#: The memory spans this many cache capacities of stored blocks.
+WINDOW = 8
+#: History words per cache block (2 bytes each).
+SLOTS_PER_BLOCK = 32
+#: ARC's ``p`` (the target size of T1) starts here, as a fraction of the capacity.
+INITIAL_P = 0.5
+_EPOCHS = 64  # epoch numbers wrap at 64 (6 bits); the window is 64 epochs
+_FROM_T1 = 2
+_FROM_T2 = 3
+_MASK64 = (1 << 64) - 1
+
+_Victims = list[tuple[OffloadKey, BlockStatus]]
+_key = itemgetter(0)
+_block = itemgetter(1)
+_ref_cnt = attrgetter("ref_cnt")
+# Drains an iterator at C speed, for maps run only for their side effects.
+#: The ways REPLACE can split the cache, one miniature each (see ``ReuseCachePolicy.mode``).
+ADAPTIVE = "adaptive"
+FREQUENCY = "frequency"
+RECENCY = "recency"
+MODES = (ADAPTIVE, FREQUENCY, RECENCY)
+_EMPTY: frozenset[OffloadKey] = frozenset()
+_MAX_OPEN_REQUESTS = 4096  # sampled keys kept for requests not finished yet
+_SINK: deque[object] = deque(maxlen=0)
+_consume = _SINK.extend
+
+
+def _score(mini: Miniature) -> float:
+    return mini.score
+
+
+def slot_of(key: OffloadKey, size: int) -> tuple[int, int]:
+    """The table slot and 8-bit fingerprint of a key (from its cached ``hash``)."""
+    h = hash(key) & _MASK64
+    return h % size, h >> 56
+
+
+class ReuseCachePolicy(CachePolicy):
+    """ARC whose ghosts are a bounded hash table spanning ``WINDOW`` capacities of stores.
+
+    * ``_resident``: key -> block over T1 and T2; ``fast_get`` returns its bound C ``get``.
+    * ``_t1`` / ``_t2``: ``OrderedDict`` recency lists, least recent first (T1: blocks stored
+      once and not reused; T2: blocks reused, or stored again after an eviction).
+    * ``_table``: the eviction memory (see the module docstring), an ``array('H')`` for fast
+      per-key access with a numpy view over the same buffer for the periodic wipe.
+    * ``_evicted[list][epoch]``: evictions per epoch, for ARC's ghost-list sizes.
+    """
+
+    def __init__(
+        self, cache_capacity: int, *, miniatures: bool = True, mode: str = ADAPTIVE
+    ) -> None:
+        super().__init__(cache_capacity)
+        self._with_miniatures = miniatures
+        if mode not in MODES:
+            raise ConfigError(f"ReuseCachePolicy: mode must be one of {MODES}, got {mode!r}")
+        self._initial_mode = mode
+        self._resident: dict[OffloadKey, BlockStatus] = {}
+        self._t1: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        self._t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
+        self._size = SLOTS_PER_BLOCK * cache_capacity
+        self._table = array("H", bytes(2 * self._size))
+        self._words = np.frombuffer(self._table, dtype=np.uint16)
+        self._epoch_blocks = max(1, (WINDOW * cache_capacity) // _EPOCHS)
+        self.clear()
+
+    def get(self, key: OffloadKey) -> BlockStatus | None:
+        return self._resident.get(key)
+
+    def fast_get(self) -> Callable[[OffloadKey], BlockStatus | None]:
+        return self._resident.get  # never rebound: cleared and mutated in place
+
+    def clear(self) -> None:
+        self._resident.clear()
+        self._t1.clear()
+        self._t2.clear()
+        self._words[:] = 0
+        self._epoch = 0
+        self._stored_in_epoch = 0
+        self._evicted = ([0] * _EPOCHS, [0] * _EPOCHS)  # remembered evictions per epoch
+        self._ghosts = [0, 0]  # their totals
+        self._cumulative = [0, 0]  # every eviction since clear(), per list
+        self._cumulative_at = ([0] * _EPOCHS, [0] * _EPOCHS)  # ... when each epoch began
+        self._p = self.cache_capacity * INITIAL_P
+        # The split REPLACE uses: ARC's p, or 0 while the miniature with p pinned there leads.
+        self._mode = self._initial_mode
+        self._sampled: dict[str, list[OffloadKey]] = {}
+        self._miniatures: list[Miniature] = []
+        rate = sample_rate(self.cache_capacity)
+        size = self.cache_capacity // rate
+        if self._with_miniatures and size >= 16:
+            self._rate = rate
+            self._miniatures = [
+                Miniature(ReuseCachePolicy(size, miniatures=False, mode=mode), size, WINDOW * size)
+                for mode in MODES
+            ]
+        self._vouched: set[OffloadKey] | frozenset[OffloadKey] = _EMPTY
+
+    # -- introspection ------------------------------------------------------------------------
+
+    @property
+    def p(self) -> float:
+        """ARC's adaptive target for the size of T1, between 0 and ``cache_capacity``."""
+        return self._p
+
+    @property
+    def t1(self) -> list[OffloadKey]:
+        return list(self._t1)
+
+    @property
+    def t2(self) -> list[OffloadKey]:
+        return list(self._t2)
+
+    def __len__(self) -> int:
+        return len(self._resident)
+
+    def ghost_sizes(self) -> tuple[int, int]:
+        """ARC's |B1| and |B2|: the remembered evictions from T1 and T2, within ARC's own
+        bounds (|T1| + |B1| <= c, and |B1| + |B2| <= c once the cache is full)."""
+        c = self.cache_capacity
+        b1 = min(max(0, c - len(self._t1)), self._ghosts[0])
+        return b1, min(c - b1, self._ghosts[1])
+
+    def _in_arc_ghosts(self, origin: int, left: int) -> bool:
+        """Whether an eviction from list ``origin`` in epoch ``left`` would still be in ARC's
+        ghost list: no more evictions from that list since that epoch began than the list
+        may hold."""
+        since = self._cumulative[origin] - self._cumulative_at[origin][left]
+        return since <= self.ghost_sizes()[origin]
+
+    def remembered(self, key: OffloadKey) -> tuple[int, int] | None:
+        """``(list it left: 1 or 2, epochs since)`` if ``key``'s eviction is remembered."""
+        slot, fingerprint = slot_of(key, self._size)
+        word = self._table[slot]
+        if not word or word >> 8 != fingerprint:
+            return None
+        return (word & 3) - 1, (self._epoch - (word >> 2 & 63)) % _EPOCHS
+
+    # -- insertion and reuse ------------------------------------------------------------------
+
+    def insert(self, key: OffloadKey, block: BlockStatus) -> None:
+        self.insert_many([key], [block])
+
+    def insert_many(self, keys: list[OffloadKey], blocks: list[BlockStatus]) -> None:
+        """Store a request's batch, classified as it stands when the batch arrives.
+
+        A key is its whole prefix (prefix hashes chain), so if the deepest remembered key of
+        the batch was requested before, so was every key before it, remembered or not (a
+        record lost to a collision): those go to T2, with the keys ``on_request_access``
+        vouched for; the rest are first sightings in T1. Each remembered key is then
+        consumed in order, moving ``p`` if it was still one of ARC's ghosts.
+        """
+        resident = self._resident
+        table = self._table
+        if len(set(keys)) != len(keys):  # never sent by the manager: one key at a time
+            for key, block in zip(keys, blocks):
+                self.insert_many([key], [block])
+            return
+        if not resident.keys().isdisjoint(keys):  # re-inserts (never sent by the manager)
+            for key in keys:
+                self.remove(key)
+        hashes = list(map(_MASK64.__and__, map(hash, keys)))
+        slots = list(map(self._size.__rmod__, hashes))
+        words = list(map(table.__getitem__, slots))
+        # A word is 0 when empty; a record's word never is (its list bits are 2 or 3).
+        matches = [word != 0 and word >> 8 == h >> 56 for word, h in zip(words, hashes)]
+        vouched = self._vouched
+        if True not in matches and not vouched:  # the common batch: all first sightings
+            self._t1.update(zip(keys, blocks))
+        else:
+            deepest = len(matches) - matches[::-1].index(True) if True in matches else 0
+            for i in compress(range(len(keys)), matches):
+                self._consume_record(slots[i], words[i])
+            reused = [i < deepest or key in vouched for i, key in enumerate(keys)]
+            if self._mode == RECENCY:
+                reused = [False] * len(keys)
+            pairs = list(zip(keys, blocks))
+            self._t2.update(compress(pairs, reused))
+            self._t1.update(compress(pairs, map(not_, reused)))
+            self._vouched = _EMPTY
+        resident.update(zip(keys, blocks))
+        self._count_stored(len(keys))
+
+    def _consume_record(self, slot: int, word: int) -> None:
+        """A remembered eviction came back: forget it, and if it was still one of ARC's
+        ghosts, move p towards the list that lost it (ARC's cases II and III)."""
+        self._table[slot] = 0
+        left = word >> 2 & 63
+        origin = (word & 3) - _FROM_T1
+        if self._in_arc_ghosts(origin, left):
+            b1, b2 = self.ghost_sizes()
+            if origin == 0:
+                self._p = min(self.cache_capacity, self._p + max(1.0, b2 / max(b1, 1)))
+            else:
+                self._p = max(0.0, self._p - max(1.0, b1 / max(b2, 1)))
+        self._evicted[origin][left] -= 1
+        self._ghosts[origin] -= 1
+
+    def on_request_access(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
+        """Keys before a resident one in a request's prefix were requested before (the
+        resident key was stored with its prefix): note them for the store that follows, so
+        they are reuses even when both the cache and the memory have lost them."""
+        if self._miniatures:
+            sampled_keys = sampled(keys, self._rate)
+            if sampled_keys:
+                pending = self._sampled
+                pending.setdefault(req_context.req_id, []).extend(sampled_keys)
+                if len(pending) > _MAX_OPEN_REQUESTS:  # requests that never finished
+                    del pending[next(iter(pending))]
+        present = list(map(self._resident.__contains__, keys))
+        if True in present:
+            deepest = len(present) - present[::-1].index(True)
+            self._vouched = set(compress(keys[:deepest], map(not_, present)))
+        else:
+            self._vouched = _EMPTY
+
+    def _count_stored(self, count: int) -> None:
+        self._stored_in_epoch += count
+        while self._stored_in_epoch >= self._epoch_blocks:
+            self._stored_in_epoch -= self._epoch_blocks
+            self._next_epoch()
+
+    def _next_epoch(self) -> None:
+        """Advance the clock; every 8 epochs, wipe the 8 that the next ones will reuse."""
+        epoch = self._epoch = (self._epoch + 1) % _EPOCHS
+        if epoch % 8 == 0:
+            words = self._words
+            stale = (words >> 5 & 7) == epoch // 8
+            stale &= words != 0
+            words[stale] = 0
+            for origin, counts in enumerate(self._evicted):
+                self._ghosts[origin] -= sum(counts[epoch : epoch + 8])
+                counts[epoch : epoch + 8] = [0] * 8
+        for origin in (0, 1):
+            self._cumulative_at[origin][epoch] = self._cumulative[origin]
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        """Replay the request's sampled keys through the miniatures; follow the leader."""
+        keys = self._sampled.pop(req_context.req_id, None)
+        if keys:
+            for mini in self._miniatures:
+                mini.request(keys, req_context)
+            best = max(self._miniatures, key=_score)
+            if best.score > self._miniatures[MODES.index(self._mode)].score:
+                self._mode = best.policy._mode  # type: ignore[attr-defined]
+
+    @property
+    def mode(self) -> str:
+        """How REPLACE splits the cache now: ``"adaptive"`` (ARC's p), ``"frequency"``
+        (p = 0: T1 only cycles first sightings) or ``"recency"`` (one LRU list)."""
+        return self._mode
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        t1 = self._t1
+        t2 = self._t2
+        key_list = keys if type(keys) is list else list(keys)
+        if self._mode == RECENCY:  # T1 is the one LRU list; T2 only drains
+            for key in reversed(key_list):
+                block = t1.pop(key, None) or t2.pop(key, None)
+                if block is not None:
+                    t1[key] = block
+            return
+        # Reversed, so the first key of a request (the shared prefix) ends up most recent.
+        for key in reversed(key_list):
+            if key in t2:
+                t2.move_to_end(key)
+            else:
+                block = t1.pop(key, None)
+                if block is not None:
+                    t2[key] = block
+
+    def remove(self, key: OffloadKey) -> None:
+        # A failed store was never used: it leaves no memory of an eviction.
+        if self._resident.pop(key, None) is not None and self._t1.pop(key, None) is None:
+            del self._t2[key]
+
+    # -- eviction -----------------------------------------------------------------------------
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> _Victims | None:
+        """ARC's REPLACE, n times: T1's LRU while |T1| > p, else T2's; the other list when the
+        preferred one has no idle, unprotected block left. All or nothing."""
+        if n <= 0:
+            return []
+        if n > len(self._resident):
+            return None
+        t1 = self._t1
+        t2 = self._t2
+        mode = self._mode
+        p = self._p if mode == ADAPTIVE else 0 if mode == FREQUENCY else self.cache_capacity
+        from1 = min(n, max(0, ceil(len(t1) - p)))
+        if n - from1 > len(t2):
+            from1 = n - len(t2)
+        # Fast path, the common case: the oldest blocks of each list are idle and unprotected,
+        # which C-level maps check without a Python step per block.
+        picked1 = list(islice(t1.items(), from1))
+        picked2 = list(islice(t2.items(), n - from1))
+        if not (
+            any(map(_ref_cnt, map(_block, picked1)))
+            or any(map(_ref_cnt, map(_block, picked2)))
+            or not protected.isdisjoint(map(_key, picked1))
+            or not protected.isdisjoint(map(_key, picked2))
+        ):
+            self._forget(picked1, t1, _FROM_T1)
+            self._forget(picked2, t2, _FROM_T2)
+            return picked1 + picked2
+        return self._evict_scanning(n, protected, from1)
+
+    def _evict_scanning(self, n: int, protected: set[OffloadKey], from1: int) -> _Victims | None:
+        """REPLACE that steps over pinned, pending and protected blocks."""
+        t1 = self._t1
+        t2 = self._t2
+        idle1 = ((key, b) for key, b in t1.items() if b.ref_cnt == 0 and key not in protected)
+        idle2 = ((key, b) for key, b in t2.items() if b.ref_cnt == 0 and key not in protected)
+        picked1 = list(islice(idle1, from1))
+        picked2 = list(islice(idle2, n - len(picked1)))
+        missing = n - len(picked1) - len(picked2)
+        if missing:
+            picked1 += islice(idle1, missing)
+            if len(picked1) + len(picked2) < n:
+                return None
+        # The generators are abandoned here, before the lists they walk change.
+        self._forget(picked1, t1, _FROM_T1)
+        self._forget(picked2, t2, _FROM_T2)
+        return picked1 + picked2
+
+    def _forget(
+        self, victims: _Victims, listed: OrderedDict[OffloadKey, BlockStatus], origin: int
+    ) -> None:
+        """Drop victims from their list and remember each eviction in the table."""
+        if not victims:
+            return
+        keys = list(map(_key, victims))
+        _consume(map(listed.__delitem__, keys))
+        _consume(map(self._resident.__delitem__, keys))
+        table = self._table
+        size = self._size
+        stamp = self._epoch << 2 | origin
+        for h in map(_MASK64.__and__, map(hash, keys)):
+            table[h % size] = (h >> 56) << 8 | stamp
+        origin -= _FROM_T1
+        self._evicted[origin][self._epoch] += len(victims)
+        self._ghosts[origin] += len(victims)
+        self._cumulative[origin] += len(victims)
