@@ -21,6 +21,7 @@ from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
 from . import eviction
 from . import validation as check
+from .slots import without_block
 from .state import MEDIUM_CPU, CPUManagerState
 
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
@@ -49,12 +50,14 @@ class CPUOffloadingManager(CPUManagerState):
     def on_new_request(self, req_context: ReqContext) -> None:
         if self._closed:
             raise check.closed_error("on_new_request")
-        check.check_context(req_context, "on_new_request")
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, "on_new_request")
         if (hook := self.hooks.request_started) is not None:
             hook(manager=self, req_context=req_context)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        check.check_context(req_context, "on_request_finished")
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, "on_request_finished")
         if self._on_request_finished is not None:
             self._on_request_finished(req_context)
         if (hook := self.hooks.request_finished) is not None:
@@ -211,7 +214,7 @@ class CPUOffloadingManager(CPUManagerState):
             self._on_request_access(key_list, req_context)
         if protected:
             key_set = check.protected_set(key_set, protected)
-        to_store = [key for key, block in zip(key_list, blocks) if block is None]
+        to_store = without_block(key_list, blocks)
         count = len(to_store)
         if not count:
             return _empty_store()
