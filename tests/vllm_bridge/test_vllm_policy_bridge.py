@@ -137,3 +137,82 @@ def test_broken_policy_is_caught_naming_the_plugin(
         assert manager.lookup(keys[0], ctx) is vllm_base.LookupResult.HIT
     finally:
         CachePolicyFactory.unregister_cache_policy(name)
+
+
+RECORDING_POLICY = """
+from kv_offload_lru import LRUCachePolicy
+
+
+class Recording(LRUCachePolicy):
+    '''LRU that logs every callback it gets, in order, with its keys.'''
+
+    def __init__(self, cache_capacity):
+        super().__init__(cache_capacity)
+        self.log = []
+
+    def _note(self, event, keys=()):
+        self.log.append((event, tuple(keys)))
+
+    def insert_many(self, keys, blocks):
+        self._note("insert_many", keys)
+        super().insert_many(keys, blocks)
+
+    def insert(self, key, block):
+        self._note("insert", [key])
+        super().insert(key, block)
+
+    def remove(self, key):
+        self._note("remove", [key])
+        super().remove(key)
+
+    def touch(self, keys, req_context):
+        self._note("touch", list(keys))
+        super().touch(keys, req_context)
+
+    def evict(self, n, protected):
+        victims = super().evict(n, protected)
+        self._note("evict", [] if victims is None else [k for k, _ in victims])
+        return victims
+
+    def mark_evictable(self, key):
+        self._note("mark_evictable", [key])
+
+    def mark_non_evictable(self, key):
+        self._note("mark_non_evictable", [key])
+
+    def on_request_access(self, keys, req_context):
+        self._note("on_request_access", keys)
+
+    def on_store_miss(self, keys, req_context):
+        self._note("on_store_miss", keys)
+
+    def on_request_finished(self, req_context):
+        self._note("on_request_finished", [req_context.req_id])
+"""
+
+
+def test_bridged_policy_gets_kv_offload_managers_callbacks_in_its_order(
+    make_module: object, trace: list[tuple[str, list[bytes]]]
+) -> None:
+    """The hit ratios above only agree if a policy sees the same calls: vLLM inserts one key
+    at a time and reports a store's misses before its accesses, so the bridge must batch the
+    inserts and reorder the two callbacks into kv-offload's order."""
+    module = make_module(RECORDING_POLICY)  # type: ignore[operator]
+    CachePolicyFactory.register_cache_policy("recording", module, "Recording")
+    try:
+        bridged = bridged_manager("recording", 300)
+        replay_vllm(bridged, trace[:300])
+        own = CPUOffloadingManager(300, cache_policy="recording")
+        replay_kv_offload(own, trace[:300])
+        bridged_log = bridged._policy.policy.log  # type: ignore[attr-defined]
+        own_log = own._policy.log  # type: ignore[attr-defined]
+        assert any(event == "evict" and keys for event, keys in own_log)
+        assert any(event == "on_store_miss" for event, _ in own_log)
+        assert not any(event == "insert" for event, _ in bridged_log)
+        first = next(
+            (i for i, (a, b) in enumerate(zip(bridged_log, own_log)) if a != b),
+            min(len(bridged_log), len(own_log)),
+        )
+        assert bridged_log == own_log, (first, bridged_log[first:][:3], own_log[first:][:3])
+    finally:
+        CachePolicyFactory.unregister_cache_policy("recording")
