@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 from _scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 from _vllm import require_vllm
-from kv_offload import CachePolicyFactory, CPUOffloadingManager, PluginError, PluginNotFoundError
+from kv_offload import (
+    CachePolicyFactory,
+    CPUOffloadingManager,
+    PluginError,
+    PluginNotFoundError,
+    ReqContext,
+)
 
 vllm_manager = require_vllm("vllm.v1.kv_offload.cpu.manager")
 vllm_factory = require_vllm("vllm.v1.kv_offload.cpu.policies.factory")
@@ -200,14 +206,24 @@ def test_bridged_policy_gets_kv_offload_managers_callbacks_in_its_order(
     module = make_module(RECORDING_POLICY)  # type: ignore[operator]
     CachePolicyFactory.register_cache_policy("recording", module, "Recording")
     try:
-        bridged = bridged_manager("recording", 300)
-        replay_vllm(bridged, trace[:300])
-        own = CPUOffloadingManager(300, cache_policy="recording")
-        replay_kv_offload(own, trace[:300])
+        bridged = bridged_manager("recording", 100)
+        bridged_run = replay_vllm(bridged, trace[:300])
+        own = CPUOffloadingManager(100, cache_policy="recording")
+        own_run = replay_kv_offload(own, trace[:300])
+        assert own_run.rejected_stores > 0  # stores refused after their miss was reported
+        assert bridged_run.rejected_stores == own_run.rejected_stores
+        # A failed store: inserted, then removed.
+        failing = [bytes([255, i]) * 4 + b"\0\0\0\0" for i in range(3)]
+        for manager, context in ((bridged, vllm_base.ReqContext), (own, ReqContext)):
+            ctx = context("failing")
+            manager.on_new_request(ctx)  # type: ignore[attr-defined]
+            out = manager.prepare_store(failing, ctx)  # type: ignore[attr-defined]
+            manager.complete_store(out.keys_to_store, ctx, success=False)  # type: ignore[attr-defined]
+            manager.on_request_finished(ctx)  # type: ignore[attr-defined]
         bridged_log = bridged._policy.policy.log  # type: ignore[attr-defined]
         own_log = own._policy.log  # type: ignore[attr-defined]
         assert any(event == "evict" and keys for event, keys in own_log)
-        assert any(event == "on_store_miss" for event, _ in own_log)
+        assert ("remove", (failing[0],)) in own_log
         assert not any(event == "insert" for event, _ in bridged_log)
         first = next(
             (i for i, (a, b) in enumerate(zip(bridged_log, own_log)) if a != b),

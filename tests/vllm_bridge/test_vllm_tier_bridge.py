@@ -21,9 +21,9 @@ from _vllm import require_vllm
 from kv_offload import SecondaryTierFactory, get_plugin_manager, hookimpl
 from kv_offload.replay import block_bytes
 
+vllm_spec_factory = require_vllm("vllm.v1.kv_offload.factory", needs_torch=True)
 vllm_base = require_vllm("vllm.v1.kv_offload.base")
 vllm_config = require_vllm("vllm.v1.kv_offload.config")
-vllm_spec_factory = require_vllm("vllm.v1.kv_offload.factory")
 
 import kv_offload_vllm  # noqa: E402 - after the skip: the bridge is useless without vLLM
 
