@@ -1,11 +1,13 @@
 """Hit ratios of kv-offload policies bridged into vLLM 0.33, next to kv-offload's own manager
 and vLLM's built-in policies, on the bundled trace replayed in vLLM's scheduler call order.
 
-Per capacity and policy (lru, arc): ``bridged`` is vLLM's ``CPUOffloadingManager`` running
-``kvo_<policy>`` through kv-offload-vllm; ``kv-offload`` is kv-offload's own manager under the
-same access model (touching at request end what vLLM reports as reused); ``vLLM built-in`` is
-vLLM's own ``<policy>``; ``kv-offload replay`` is ``kv_offload.replay.replay`` (touch right after
-the load). The replay loop is the one tests/vllm_bridge use (``_scheduler_replay``). Needs the
+Per capacity and installed kv-offload policy: ``bridged`` is vLLM's ``CPUOffloadingManager``
+running ``kvo_<policy>`` through kv-offload-vllm; ``kv-offload`` is kv-offload's own manager under
+the same access model (touching at request end what vLLM reports as reused); ``vLLM built-in``
+is vLLM's own ``<policy>`` (``lru`` and ``arc`` only, ``-`` otherwise); ``vs vLLM ARC`` is
+``bridged`` over vLLM's built-in ARC's hit ratio at that capacity, the bar a bridged policy
+should reach; ``kv-offload replay`` is ``kv_offload.replay.replay`` (touch right after the
+load). The replay loop is the one tests/vllm_bridge use (``_scheduler_replay``). Needs the
 environment of ``python3 -m nox -s vllm`` (or the setup in vllm_side_by_side.py's docstring)
 with kv-offload-vllm installed::
 
@@ -21,8 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_bridge"))
 
 from _scheduler_replay import load_trace, replay_kv_offload, replay_vllm
-from kv_offload import CPUOffloadingManager, ReqContext
+from kv_offload import CachePolicyFactory, CPUOffloadingManager, ReqContext
 from kv_offload.replay import replay
+
+VLLM_BUILTINS = ("lru", "arc")
 
 
 def main() -> int:
@@ -38,12 +42,14 @@ def main() -> int:
     trace = load_trace(args.requests)
     blocks = sum(len(keys) for _, keys in trace)
     print(f"{len(trace)} requests, {blocks} blocks; hit ratio (hit blocks / blocks)")
+    policies = sorted({info.name for info in CachePolicyFactory.available_policies()})
     print(
         f"{'capacity':>8} {'policy':<6} {'bridged':>8} {'kv-offload':>10} "
-        f"{'vLLM built-in':>13} {'kv-offload replay':>17}"
+        f"{'vLLM built-in':>13} {'vs vLLM ARC':>11} {'kv-offload replay':>17}"
     )
     for capacity in args.capacity or [1000, 5000, 20000]:
-        for policy in ("lru", "arc"):
+        vllm_arc = replay_vllm(VLLMManager(capacity, cache_policy="arc"), trace).hit_ratio
+        for policy in policies:
             bridged = replay_vllm(
                 VLLMManager(
                     capacity,
@@ -53,14 +59,18 @@ def main() -> int:
                 trace,
             )
             own = replay_kv_offload(CPUOffloadingManager(capacity, cache_policy=policy), trace)
-            builtin = replay_vllm(VLLMManager(capacity, cache_policy=policy), trace)
+            builtin = (
+                f"{replay_vllm(VLLMManager(capacity, cache_policy=policy), trace).hit_ratio:.4f}"
+                if policy in VLLM_BUILTINS
+                else "-"
+            )
             native = replay(
                 CPUOffloadingManager(capacity, cache_policy=policy),
                 [(ReqContext(req_id), keys) for req_id, keys in trace],
             )
             print(
                 f"{capacity:>8} {policy:<6} {bridged.hit_ratio:>8.4f} {own.hit_ratio:>10.4f} "
-                f"{builtin.hit_ratio:>13.4f} {native.hit_ratio:>17.4f}"
+                f"{builtin:>13} {bridged.hit_ratio / vllm_arc:>10.3f}x {native.hit_ratio:>17.4f}"
                 + ("" if bridged.hit_blocks == own.hit_blocks else "  (bridged != kv-offload)"),
                 flush=True,
             )

@@ -9,7 +9,13 @@ from __future__ import annotations
 import pytest
 from _scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 from _vllm import require_vllm
-from kv_offload import CachePolicyFactory, CPUOffloadingManager, PluginError, PluginNotFoundError
+from kv_offload import (
+    CachePolicyFactory,
+    CPUOffloadingManager,
+    PluginError,
+    PluginNotFoundError,
+    ReqContext,
+)
 
 vllm_manager = require_vllm("vllm.v1.kv_offload.cpu.manager")
 vllm_factory = require_vllm("vllm.v1.kv_offload.cpu.policies.factory")
@@ -137,3 +143,134 @@ def test_broken_policy_is_caught_naming_the_plugin(
         assert manager.lookup(keys[0], ctx) is vllm_base.LookupResult.HIT
     finally:
         CachePolicyFactory.unregister_cache_policy(name)
+
+
+RECORDING_POLICY = """
+from kv_offload_lru import LRUCachePolicy
+
+
+class Recording(LRUCachePolicy):
+    '''LRU that logs every callback it gets, in order, with its keys.'''
+
+    def __init__(self, cache_capacity):
+        super().__init__(cache_capacity)
+        self.log = []
+
+    def _note(self, event, keys=()):
+        self.log.append((event, tuple(keys)))
+
+    def insert_many(self, keys, blocks):
+        self._note("insert_many", keys)
+        super().insert_many(keys, blocks)
+
+    def insert(self, key, block):
+        self._note("insert", [key])
+        super().insert(key, block)
+
+    def remove(self, key):
+        self._note("remove", [key])
+        super().remove(key)
+
+    def touch(self, keys, req_context):
+        self._note("touch", list(keys))
+        super().touch(keys, req_context)
+
+    def evict(self, n, protected):
+        victims = super().evict(n, protected)
+        self._note("evict", [] if victims is None else [k for k, _ in victims])
+        return victims
+
+    def mark_evictable(self, key):
+        self._note("mark_evictable", [key])
+
+    def mark_non_evictable(self, key):
+        self._note("mark_non_evictable", [key])
+
+    def on_request_access(self, keys, req_context):
+        self._note("on_request_access", keys)
+
+    def on_store_miss(self, keys, req_context):
+        self._note("on_store_miss", keys)
+
+    def on_request_finished(self, req_context):
+        self._note("on_request_finished", [req_context.req_id])
+"""
+
+
+def test_bridged_policy_gets_kv_offload_managers_callbacks_in_its_order(
+    make_module: object, trace: list[tuple[str, list[bytes]]]
+) -> None:
+    """The hit ratios above only agree if a policy sees the same calls: vLLM inserts one key
+    at a time and reports a store's misses before its accesses, so the bridge must batch the
+    inserts and reorder the two callbacks into kv-offload's order."""
+    module = make_module(RECORDING_POLICY)  # type: ignore[operator]
+    CachePolicyFactory.register_cache_policy("recording", module, "Recording")
+    try:
+        bridged = bridged_manager("recording", 100)
+        bridged_run = replay_vllm(bridged, trace[:300])
+        own = CPUOffloadingManager(100, cache_policy="recording")
+        own_run = replay_kv_offload(own, trace[:300])
+        assert own_run.rejected_stores > 0  # stores refused after their miss was reported
+        assert bridged_run.rejected_stores == own_run.rejected_stores
+        # A failed store: inserted, then removed.
+        failing = [bytes([255, i]) * 4 + b"\0\0\0\0" for i in range(3)]
+        for manager, context in ((bridged, vllm_base.ReqContext), (own, ReqContext)):
+            ctx = context("failing")
+            manager.on_new_request(ctx)  # type: ignore[attr-defined]
+            out = manager.prepare_store(failing, ctx)  # type: ignore[attr-defined]
+            manager.complete_store(out.keys_to_store, ctx, success=False)  # type: ignore[attr-defined]
+            manager.on_request_finished(ctx)  # type: ignore[attr-defined]
+        bridged_log = bridged._policy.policy.log  # type: ignore[attr-defined]
+        own_log = own._policy.log  # type: ignore[attr-defined]
+        assert any(event == "evict" and keys for event, keys in own_log)
+        assert ("remove", (failing[0],)) in own_log
+        assert not any(event == "insert" for event, _ in bridged_log)
+        first = next(
+            (i for i, (a, b) in enumerate(zip(bridged_log, own_log)) if a != b),
+            min(len(bridged_log), len(own_log)),
+        )
+        assert bridged_log == own_log, (first, bridged_log[first:][:3], own_log[first:][:3])
+    finally:
+        CachePolicyFactory.unregister_cache_policy("recording")
+
+
+REQUEST_ORDER_LRU = """
+from kv_offload_lru import LRUCachePolicy
+
+
+class RequestOrderLRU(LRUCachePolicy):
+    '''LRU that, when a request ends, makes every block it asked for the most recent, its head
+    last, from the request-scoped callbacks alone (vLLM's LRU does this from the key groups
+    of its on_request_finished).'''
+
+    def __init__(self, cache_capacity):
+        super().__init__(cache_capacity)
+        self._asked = {}
+
+    def on_request_access(self, keys, req_context):
+        self._asked.setdefault(req_context.req_id, []).extend(keys)
+
+    def on_request_finished(self, req_context):
+        keys = self._asked.pop(req_context.req_id, None)
+        if keys:
+            self.touch(list(dict.fromkeys(keys)), req_context)
+"""
+
+
+@pytest.mark.parametrize("capacity", [1000, 5000])
+def test_request_scoped_callbacks_let_a_bridged_policy_match_vllms_own(
+    make_module: object, capacity: int, trace: list[tuple[str, list[bytes]]]
+) -> None:
+    """What the bridge passes on is enough for a kv-offload policy to score what vLLM's
+    built-in does: an LRU built on on_request_access / on_request_finished gets exactly vLLM's
+    LRU's hits (plain kv-offload LRU, which counts reuse only, gets fewer at 5,000)."""
+    module = make_module(REQUEST_ORDER_LRU)  # type: ignore[operator]
+    CachePolicyFactory.register_cache_policy("request_lru", module, "RequestOrderLRU")
+    try:
+        bridged = replay_vllm(bridged_manager("request_lru", capacity), trace)
+        builtin = replay_vllm(vllm_manager.CPUOffloadingManager(capacity, "lru"), trace)
+        own = replay_kv_offload(CPUOffloadingManager(capacity, cache_policy="request_lru"), trace)
+        assert bridged.evicted_blocks > 0
+        assert bridged.hit_blocks == builtin.hit_blocks == own.hit_blocks
+    finally:
+        CachePolicyFactory.unregister_cache_policy("request_lru")

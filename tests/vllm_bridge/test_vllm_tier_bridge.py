@@ -21,9 +21,9 @@ from _vllm import require_vllm
 from kv_offload import SecondaryTierFactory, get_plugin_manager, hookimpl
 from kv_offload.replay import block_bytes
 
+vllm_spec_factory = require_vllm("vllm.v1.kv_offload.factory", needs_torch=True)
 vllm_base = require_vllm("vllm.v1.kv_offload.base")
 vllm_config = require_vllm("vllm.v1.kv_offload.config")
-vllm_spec_factory = require_vllm("vllm.v1.kv_offload.factory")
 
 import kv_offload_vllm  # noqa: E402 - after the skip: the bridge is useless without vLLM
 
@@ -190,6 +190,79 @@ def test_example_tier_promotes_exact_bytes(recorder: Recorder, vllm_logs: VLLMLo
     manager.on_reset_flushed()
     assert manager.lookup(wanted[0], vllm_base.ReqContext("d")) is not HIT
     shutdown_cleanly(manager, vllm_logs)
+
+
+def step_until(manager: Any, done: Any, what: str, timeout: float = 20.0) -> None:
+    """End scheduler steps (vLLM collects finished jobs there) until ``done()``."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        manager.on_schedule_end(STEP)
+        time.sleep(0.005)
+
+
+def test_fs_tier_promotes_exact_bytes_and_survives_an_engine_restart(
+    tmp_path: Any, recorder: Recorder, vllm_logs: VLLMLogs
+) -> None:
+    """The fs tier (kv-offload-fs-tier, real files written by its I/O threads) under vLLM's
+    TieringOffloadingManager: cascades land on disk, a CPU miss promotes the exact bytes back,
+    reset_cache drains in-flight cascades, shutdown unmaps vLLM's shared memory, and a second
+    engine over the same root_dir serves what the first one wrote."""
+    pytest.importorskip("kv_offload_fs_tier")
+    root = tmp_path / "kv"
+    tier_config = {"type": "kvo_fs", "root_dir": str(root), "capacity_blocks": 64}
+    manager = build_manager(extra_config(8, tier_config))
+    tier = manager.secondary_tiers[0]
+    assert type(tier).__name__ == "kvo_fs" and tier.kvo_tier_name == "fs"
+    assert tier.medium is vllm_base.Medium.STORAGE
+    first, second, third = keys(0, 8), keys(8, 16), keys(16, 20)
+    store(manager, "a", first)
+    step_until(manager, lambda: not manager.has_pending_work(), "the cascade of 'a' to disk")
+    assert ("kvo_fs", "store", True, 8 * BLOCK_BYTES) in recorder.jobs
+    on_disk = [p for p in root.rglob("*") if p.is_file() and p.stat().st_size >= BLOCK_BYTES]
+    assert len(on_disk) >= 8, sorted(map(str, root.rglob("*")))
+    evicting = store(manager, "b", second)  # the CPU tier is full: "a"'s blocks go
+    assert sorted(evicting.evicted_keys) == first
+    # Until "b"'s cascade is on disk its CPU blocks are pinned: no room to promote into.
+    step_until(manager, lambda: not manager.has_pending_work(), "the cascade of 'b' to disk")
+
+    ctx = vllm_base.ReqContext("c")
+    manager.on_new_request(ctx)
+    wanted = first[2:6]
+    assert manager.lookup(wanted[0], ctx) is vllm_base.LookupResult.HIT_PENDING
+    manager.lookup(wanted[1], ctx)
+    manager.on_schedule_end(STEP)  # vLLM submits the promotions
+    step_until(manager, lambda: all(manager.lookup(k, ctx) is HIT for k in wanted[:2]), "loads")
+    for key in wanted[2:]:
+        manager.lookup(key, ctx)
+    step_until(manager, lambda: all(manager.lookup(k, ctx) is HIT for k in wanted), "loads")
+    spec = manager.prepare_load(wanted, ctx)
+    assert np.array_equal(read_rows(manager, spec.chunk_ids), block_bytes(wanted, BLOCK_BYTES))
+    manager.complete_load(wanted, ctx)
+    manager.on_request_finished(ctx)
+    assert any(job[:3] == ("kvo_fs", "load", True) for job in recorder.jobs)
+
+    store(manager, "d", third)  # its cascade is in flight on the I/O threads
+    manager.reset_cache()  # vLLM drains every tier (drain_jobs) before freeing CPU rows
+    assert not manager.has_pending_work()
+    assert all(tier.tier.lookup(k, None) is True for k in third)
+    manager.on_reset_flushed()
+    shutdown_cleanly(manager, vllm_logs)
+
+    # A new engine over the same directory: the fs tier rebuilds its index from the files.
+    again = build_manager(extra_config(8, tier_config))
+    ctx = vllm_base.ReqContext("e")
+    again.on_new_request(ctx)
+    wanted = third + first[:2]
+    for key in wanted:
+        assert again.lookup(key, ctx) is vllm_base.LookupResult.HIT_PENDING
+    step_until(again, lambda: all(again.lookup(k, ctx) is HIT for k in wanted), "loads")
+    spec = again.prepare_load(wanted, ctx)
+    assert np.array_equal(read_rows(again, spec.chunk_ids), block_bytes(wanted, BLOCK_BYTES))
+    again.complete_load(wanted, ctx)
+    again.on_request_finished(ctx)
+    shutdown_cleanly(again, vllm_logs)
+    assert not [w for w in vllm_logs.warnings() if "kvo_fs" in w or "fs_tier" in w]
 
 
 SLOW_TIER = """

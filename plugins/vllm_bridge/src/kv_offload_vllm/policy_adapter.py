@@ -6,14 +6,21 @@ vLLM's ``CPUOffloadingManager`` owns the chunks: ctypes ``ChunkStatus`` structs 
 key -> chunk map vLLM's ``get`` answers from, and maps vLLM's request-scoped callbacks onto the
 kv-offload ones:
 
-* ``insert(key, chunk, ctx)`` -> ``insert(key, block)``;
+* ``insert(key, chunk, ctx)``, one key at a time -> one ``insert_many(keys, blocks)`` per store,
+  as kv-offload's manager calls it: the keys vLLM inserts in a row for one request are handed
+  to the policy at its next callback (a policy may classify a store's batch as a whole, as
+  ``reuse`` does; key by key its hit ratio differed from kv-offload's own manager's);
 * ``on_request_finished(key_groups, insertion_only, reused, ctx)`` -> ``touch`` of the keys the
   request reused (ready blocks it loaded or offered again), in prefix order, one call per KV
   group, then ``on_request_finished(ctx)``. Blocks a request only inserted are not a use, as
   in kv-offload's own manager, which touches a request's hits and nothing else;
 * ``on_request_access`` / ``on_store_miss`` -> the kv-offload policy's methods of those names
   when its class defines them (the optional request-scoped callbacks), otherwise nothing:
-  vLLM's default of touching a missed key would count a miss as a use;
+  vLLM's default of touching a missed key would count a miss as a use. vLLM's
+  ``prepare_store`` reports a store's misses before its accesses, kv-offload's the other way
+  round, so a miss waits for the same request's access that follows it (or the next
+  callback). vLLM reports a key once per request and leaves pending blocks out of a store's
+  accesses; kv-offload's manager reports every offered key: that difference stays;
 * ``evict`` -> ``evict``, whose answer is checked the way kv-offload's manager checks it
   (exactly ``n`` distinct resident blocks, all idle, none protected), because vLLM trusts it.
 
@@ -41,6 +48,7 @@ from kv_offload import (
 )
 
 from ._common import PREFIX, fire_hook, kvo_context
+from ._victims import checked_victims
 from ._vllm import vllm_api
 
 __all__ = ["policy_adapter"]
@@ -81,11 +89,6 @@ def _overridden(policy: CachePolicy, name: str) -> Any:
     return getattr(policy, name)
 
 
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
 @functools.cache
 def policy_adapter(name: str) -> type[Any]:
     """The vLLM ``CachePolicy`` subclass running kv-offload's policy ``name``.
@@ -118,7 +121,7 @@ def policy_adapter(name: str) -> type[Any]:
                     kind="policy",
                     plugin=name,
                 ) from exc
-            self.policy: CachePolicy = policy
+            self._policy: CachePolicy = policy
             self.cache_policy_name = bridged_name
             self._table = _LiveRefCounts()
             self._status_cls = _block_status_class(self._table)
@@ -126,6 +129,11 @@ def policy_adapter(name: str) -> type[Any]:
             # key -> context of the request that stored it, while its store is in flight
             self._storing: dict[OffloadKey, ReqContext] = {}
             self._evicted: list[OffloadKey] = []
+            # The store batch vLLM is inserting key by key, and a deferred on_store_miss.
+            self._batch_keys: list[OffloadKey] = []
+            self._batch_blocks: list[BlockStatus] = []
+            self._batch_ctx: Any = None
+            self._miss: tuple[list[OffloadKey], Any] | None = None
             # vLLM calls get() for every lookup: answer from the key -> chunk map directly.
             setattr(self, "get", self._chunks.get)  # noqa: B010 - shadows the method below
             self._request_access = _overridden(policy, "on_request_access")
@@ -134,10 +142,32 @@ def policy_adapter(name: str) -> type[Any]:
             self._mark_evictable = _overridden(policy, "mark_evictable")
             self._mark_non_evictable = _overridden(policy, "mark_non_evictable")
 
+        @property
+        def policy(self) -> CachePolicy:
+            """The kv-offload policy, with every block vLLM has inserted so far."""
+            self._flush()
+            return self._policy
+
+        def _flush(self) -> None:
+            """Hand the policy what was deferred: the store miss, then the insert batch."""
+            if self._miss is not None:
+                keys, vllm_ctx = self._miss
+                self._miss = None
+                self._store_miss(keys, kvo_context(vllm_ctx))
+            if self._batch_keys:
+                keys, blocks = self._batch_keys, self._batch_blocks
+                self._batch_keys, self._batch_blocks, self._batch_ctx = [], [], None
+                self._policy.insert_many(keys, blocks)
+
         def get(self, key: OffloadKey) -> Any:  # replaced per instance in __init__
             return self._chunks.get(key)
 
         def insert(self, key: OffloadKey, chunk: Any, req_context: Any) -> None:
+            # vLLM inserts one key at a time; kv-offload's manager hands a policy a store's
+            # keys in one insert_many (a policy may classify the batch as a whole, as reuse
+            # does), so the keys are collected and flushed at the next policy call.
+            if self._miss is not None or (self._batch_keys and req_context is not self._batch_ctx):
+                self._flush()
             ctx = kvo_context(req_context)
             if self._evicted:
                 # The eviction that made room for this store: now its request is known.
@@ -154,10 +184,13 @@ def policy_adapter(name: str) -> type[Any]:
             self._table.chunks[slot] = chunk
             self._chunks[key] = chunk
             self._storing[key] = ctx
-            self.policy.insert(key, int.__new__(self._status_cls, slot))
+            self._batch_keys.append(key)
+            self._batch_blocks.append(int.__new__(self._status_cls, slot))
+            self._batch_ctx = req_context
 
         def remove(self, key: OffloadKey) -> None:
-            self.policy.remove(key)
+            self._flush()
+            self._policy.remove(key)
             chunk = self._chunks.pop(key, None)
             if chunk is not None:
                 self._table.chunks.pop(int(chunk.chunk_id), None)
@@ -173,15 +206,28 @@ def policy_adapter(name: str) -> type[Any]:
                 )
 
         def touch(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
-            self.policy.touch(list(keys), kvo_context(req_context))
+            self._flush()
+            self._policy.touch(list(keys), kvo_context(req_context))
 
         def on_request_access(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
+            # vLLM's prepare_store reports a store's misses before its accesses; kv-offload's
+            # manager (and so its policies) the other way round: a miss of this request
+            # waits for the access that follows it in the same prepare_store.
+            miss = self._miss
+            if miss is not None and miss[1] is req_context:
+                self._miss = None
+            else:
+                miss = None
+            self._flush()
             if self._request_access is not None:
                 self._request_access(list(keys), kvo_context(req_context))
+            if miss is not None:
+                self._store_miss(miss[0], kvo_context(req_context))
 
         def on_store_miss(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
             if self._store_miss is not None:
-                self._store_miss(list(keys), kvo_context(req_context))
+                self._flush()
+                self._miss = (list(keys), req_context)
 
         def on_request_finished(
             self,
@@ -190,75 +236,41 @@ def policy_adapter(name: str) -> type[Any]:
             reused_keys: set[OffloadKey],
             req_context: Any,
         ) -> None:
+            self._flush()
             ctx = kvo_context(req_context)
             if reused_keys:
                 for group in key_groups:
                     used = [key for key in group if key in reused_keys]
                     if used:
-                        self.policy.touch(used, ctx)
+                        self._policy.touch(used, ctx)
             if self._request_finished is not None:
                 self._request_finished(ctx)
             fire_hook("kv_offload_request_finished", bridged_name, manager=self, req_context=ctx)
 
         def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
-            victims = self.policy.evict(n, protected)
+            self._flush()
+            victims = self._policy.evict(n, protected)
             if victims is None:
                 return None
-            evicted = self._check_victims(victims, n, protected)
+            evicted = checked_victims(
+                victims,
+                n,
+                protected,
+                self._chunks,
+                policy=name,
+                policy_class=kvo_cls,
+                bridged_name=bridged_name,
+            )
             for key, chunk in evicted:
                 del self._chunks[key]
                 self._table.chunks.pop(int(chunk.chunk_id), None)
             self._evicted.extend(key for key, _ in evicted)
             return evicted
 
-        def _check_victims(
-            self, victims: Any, n: int, protected: set[OffloadKey]
-        ) -> list[tuple[OffloadKey, Any]]:
-            """vLLM frees whatever ``evict`` returns; a pinned, pending, protected or unknown
-            victim would have its slot overwritten while in use, so the answer is checked."""
-            chunks = self._chunks
-            evicted: list[tuple[OffloadKey, Any]] = []
-            seen: set[OffloadKey] = set()
-            problem = ""
-            try:
-                pairs = list(victims)
-                if len(pairs) != n:
-                    problem = f"{len(pairs)} pair(s)"
-                for key, block in pairs:
-                    if problem:
-                        break
-                    chunk = chunks.get(key)
-                    if chunk is None or key in seen:
-                        problem = f"key {_short(key)} is not a resident block (or repeats)"
-                    elif int(block) != int(chunk.chunk_id):
-                        problem = (
-                            f"key {_short(key)} came with slot {int(block)}, but it lives "
-                            f"in slot {int(chunk.chunk_id)}"
-                        )
-                    elif chunk.ref_cnt != 0:
-                        state = "pending (store in flight)" if chunk.ref_cnt < 0 else "pinned"
-                        problem = f"key {_short(key)} is {state}, ref_cnt={chunk.ref_cnt}"
-                    elif key in protected:
-                        problem = f"key {_short(key)} is protected"
-                    else:
-                        seen.add(key)
-                        evicted.append((key, chunk))
-            except (TypeError, ValueError):
-                problem = f"{_short(victims)}, not (key, BlockStatus) pairs"
-            if problem:
-                raise PluginError(
-                    f"policy {name!r} ({kvo_cls.__module__}.{kvo_cls.__qualname__}), bridged "
-                    f"into vLLM as {bridged_name!r}, broke the evict() contract: asked for {n} "
-                    f"(key, BlockStatus) pairs of idle, unprotected resident blocks, got "
-                    f"{problem}; fix the policy's evict() (vLLM's manager was not changed, the "
-                    f"policy's own state is now undefined: restart the engine)",
-                    kind="policy",
-                    plugin=name,
-                )
-            return evicted
-
         def clear(self) -> None:
-            self.policy.clear()
+            self._batch_keys, self._batch_blocks, self._batch_ctx = [], [], None
+            self._miss = None
+            self._policy.clear()
             self._chunks.clear()
             self._table.chunks.clear()
             self._storing.clear()
@@ -266,6 +278,7 @@ def policy_adapter(name: str) -> type[Any]:
             fire_hook("kv_offload_cache_reset", bridged_name, manager=self)
 
         def mark_evictable(self, key: OffloadKey) -> None:
+            self._flush()
             if self._mark_evictable is not None:
                 self._mark_evictable(key)
             ctx = self._storing.pop(key, None)
@@ -280,6 +293,7 @@ def policy_adapter(name: str) -> type[Any]:
                 )
 
         def mark_non_evictable(self, key: OffloadKey) -> None:
+            self._flush()
             if self._mark_non_evictable is not None:
                 self._mark_non_evictable(key)
 
