@@ -9,9 +9,9 @@ from pathlib import Path
 from ..config_env import ALLOW_MODULE_PATH_ENV
 from ..trace import MOONCAKE_BLOCK_TOKENS
 from .compare_cmd import cmd_compare
+from .default_stack import DEFAULT_NAME
 from .plugins_cmd import cmd_plugins
 from .replay_cmd import cmd_replay
-from .running import DEFAULT_NAME
 from .validate_cmd import cmd_validate
 
 __all__ = ["DESCRIPTION", "build_parser"]
@@ -81,6 +81,25 @@ def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
     return common, progress, blocks
 
 
+def _default_options() -> argparse.ArgumentParser:
+    """Where the ``default`` config's fs tier lives, and whether its blocks outlive the run."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--root",
+        type=Path,
+        metavar="DIR",
+        help=f"with the {DEFAULT_NAME!r} config: the fs tier's directory, created if missing "
+        "(default: a new temporary directory)",
+    )
+    options.add_argument(
+        "--keep",
+        action="store_true",
+        help=f"with the {DEFAULT_NAME!r} config: keep the fs tier's blocks at the end "
+        "(default: deleted)",
+    )
+    return options
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kv-offload", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -96,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"forbid module_path imports whatever the config says ({ALLOW_MODULE_PATH_ENV}=0)",
     )
     common, progress, blocks = _shared_options()
+    default = _default_options()
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -110,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plugins)
 
     p = sub.add_parser(
-        "validate", parents=[common], help="validate a config and print the resolved stack"
+        "validate",
+        parents=[common, default],
+        help="validate a config and print the resolved stack",
     )
     p.add_argument("config", help=f"a TOML config, or {DEFAULT_NAME!r} for the embedded one")
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
@@ -118,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "replay",
-        parents=[common, progress, blocks],
+        parents=[common, progress, blocks, default],
         help="replay a Mooncake JSONL trace through a config's stack",
     )
     p.add_argument("config", help=f"a TOML config, or {DEFAULT_NAME!r} for the embedded one")

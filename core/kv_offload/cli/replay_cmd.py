@@ -11,8 +11,9 @@ from importlib import metadata
 from ..config import StackConfig, resolve_config
 from ..errors import KVOffloadError
 from ..plugins import HOOK_ENTRY_POINT_GROUP
+from .default_stack import stack_for
 from .output import print_replay_report
-from .running import Trace, load_stack, run
+from .running import Trace, run
 
 __all__ = ["METRICS_PLUGIN", "cmd_replay"]
 
@@ -44,18 +45,18 @@ def _with_metrics(stack: StackConfig, port: int, addr: str) -> StackConfig:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    stack = load_stack(args.config)
-    if args.metrics_port is not None:
-        stack = _with_metrics(stack, args.metrics_port, args.metrics_addr)
-        print(
-            f"serving metrics at http://{args.metrics_addr}:{args.metrics_port}/metrics "
-            "during the replay",
-            file=sys.stderr,
-        )
-    if args.drain_timeout is not None:
-        stack = replace(stack, drain_timeout_s=args.drain_timeout)
-    trace = Trace(args)
-    report = run(stack, trace.requests, args.progress, "replay")
+    with stack_for(args) as stack:
+        if args.metrics_port is not None:
+            stack = _with_metrics(stack, args.metrics_port, args.metrics_addr)
+            print(
+                f"serving metrics at http://{args.metrics_addr}:{args.metrics_port}/metrics "
+                "during the replay",
+                file=sys.stderr,
+            )
+        if args.drain_timeout is not None:
+            stack = replace(stack, drain_timeout_s=args.drain_timeout)
+        trace = Trace(args)
+        report = run(stack, trace.requests, args.progress, "replay")
     report.update(trace.describe())
     report.setdefault("incomplete", None)
     status = 0 if report["corrupted_blocks"] == 0 and report["incomplete"] is None else 1

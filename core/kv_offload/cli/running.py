@@ -1,5 +1,5 @@
-"""What ``replay`` and ``compare`` share: loading a stack, reading the trace, replaying it
-through a freshly built manager and reducing the outcome to the report both commands print."""
+"""What ``replay`` and ``compare`` share: reading the trace, replaying it through a freshly
+built manager and reducing the outcome to the report both commands print."""
 
 from __future__ import annotations
 
@@ -10,28 +10,16 @@ from typing import Any
 
 from ..base import OffloadingManager
 from ..build import build_manager
-from ..config import DEFAULT_CONFIG, StackConfig, load_config, parse_config, resolve_config
+from ..config import StackConfig
 from ..errors import KVOffloadError
 from ..replay import ReplayResult, replay
 from ..tiering import TieringOffloadingManager
 from ..trace import read_trace
 from ..types import ReqContext
 
-__all__ = ["DEFAULT_NAME", "Trace", "load_stack", "run"]
+__all__ = ["Trace", "run"]
 
 logger = logging.getLogger("kv_offload.cli")
-
-#: The config argument that selects the embedded :data:`~kv_offload.config.DEFAULT_CONFIG`.
-DEFAULT_NAME = "default"
-
-
-def load_stack(config: str) -> StackConfig:
-    """A TOML config path, or ``default`` for the embedded config."""
-    if config == DEFAULT_NAME:  # a file of that name: pass ./default
-        stack = parse_config(DEFAULT_CONFIG, source="<default config>")
-        resolve_config(stack)
-        return stack
-    return load_config(config)
 
 
 class Trace:

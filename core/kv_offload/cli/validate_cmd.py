@@ -12,7 +12,7 @@ from ..config_memory import human, physical_memory_bytes
 from ..config_resolve import estimate_memory
 from ..policies import CachePolicyFactory
 from ..tiering import SecondaryTierFactory
-from .running import load_stack
+from .default_stack import describe_stack
 
 __all__ = ["cmd_validate"]
 
@@ -27,7 +27,7 @@ def _origin(kind: str, name: str) -> dict[str, Any]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    stack = load_stack(args.config)
+    stack = describe_stack(args)
     described = stack.describe()
     described["plugins"] = [_origin("policy", stack.policy)] + [
         _origin("tier", t.type) for t in stack.tiers
