@@ -27,6 +27,7 @@ from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +42,7 @@ from kv_offload import (
 from kv_offload.keys import OffloadKey
 
 from . import _format, _io
-from ._config import validate
+from ._config import check_arguments, check_for_block_size, validate
 from ._lanes import Lanes
 from ._layout import RootDir, key_name, shard_of
 
@@ -159,12 +160,12 @@ class FileSystemTier(SecondaryTierManager):
         settings = validate(
             tier_type,
             block_size,
-            root_dir,
-            capacity_bytes,
-            capacity_blocks,
-            fsync,
-            io_threads,
-            delete_on_shutdown,
+            root_dir=root_dir,
+            capacity_bytes=capacity_bytes,
+            capacity_blocks=capacity_blocks,
+            fsync=fsync,
+            io_threads=io_threads,
+            delete_on_shutdown=delete_on_shutdown,
         )
         self.settings = settings
         self.root_dir = settings.root_dir
@@ -224,6 +225,18 @@ class FileSystemTier(SecondaryTierManager):
             )
         self._make_room(0)  # the capacity may have shrunk since the blocks were written
         stats.startup_seconds = time.perf_counter() - started
+
+    @classmethod
+    def validate_arguments(cls, **arguments: Any) -> None:
+        """The keys as written, and ``root_dir`` usable (a writable directory, or creatable;
+        not another program's, not of another format version); nothing is created."""
+        check_arguments("fs", **arguments)
+
+    @classmethod
+    def validate_for_stack(cls, config: OffloadingConfig, **arguments: Any) -> None:
+        """``capacity_bytes`` holds one block file; an existing ``root_dir`` holds blocks of
+        this stack's ``block_size_bytes``."""
+        check_for_block_size("fs", config.block_size_bytes, **arguments)
 
     # -- scheduler side: memory only ------------------------------------------------------
 
