@@ -270,14 +270,14 @@ def main(argv: list[str] | None = None) -> int:
             f"fs tier vs plain file I/O: {args.blocks} x {args.block_kib} KiB, "
             f"{args.threads} I/O threads, {args.rounds} interleaved rounds (best / median)"
         )
-        header = f"{'fsync':<7}{'op':<11}{'tier GB/s':>16}{'raw GB/s':>16}{'ratio':>16}  target"
+        header = f"{'fsync':<7}{'op':<16}{'tier GB/s':>16}{'raw GB/s':>16}{'ratio':>16}  target"
         print(header)
         print("-" * len(header))
         for res in results:
             for op in OPS:
                 r = res[op]
                 print(
-                    f"{res['fsync']:<7}{op:<11}"
+                    f"{res['fsync']:<7}{op:<16}"
                     f"{r['tier_gb_s_best']:>8.2f} / {r['tier_gb_s_median']:<5.2f}"
                     f"{r['raw_gb_s_best']:>8.2f} / {r['raw_gb_s_median']:<5.2f}"
                     f"{r['ratio_best']:>8.2f} / {r['ratio_median']:<5.2f}  "
