@@ -63,6 +63,16 @@ def test_keep_without_root_names_the_temporary_directory(tmp_path: Path) -> None
     assert any((kept / "blocks").rglob("*")), "the blocks are on disk"
 
 
+def test_a_failed_replay_leaves_no_temporary_directory(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"hash_ids": [1, 2]}\n{oops\n')
+    for keep in ((), ("--keep",)):
+        proc = kvo("replay", "default", bad, *keep, env=_tmpdir_env(tmp))
+        assert_one_line_error(proc, "bad.jsonl:2")
+        assert list(tmp.iterdir()) == []  # nothing was stored: nothing to keep
+
+
 def test_validate_default_shows_the_fs_tier_and_creates_nothing(tmp_path: Path) -> None:
     root = tmp_path / "not-yet"
     plain, rooted = kvo_many(["validate", "default"], ["validate", "default", "--root", root])

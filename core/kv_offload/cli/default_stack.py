@@ -106,10 +106,11 @@ def stack_for(args: argparse.Namespace) -> Iterator[StackConfig]:
     try:
         yield default_stack(made, args.keep)
     finally:
-        if not args.keep:
-            with suppress(OSError):  # empty once the tier deleted its files; else left alone
-                os.rmdir(made)
-    _say_kept(made, args.keep)
+        # Empty once the tier deleted its files (or if it never ran): removed, even with
+        # --keep; anything else is left alone (rmdir removes only an empty directory).
+        with suppress(OSError):
+            os.rmdir(made)
+        _say_kept(made, args.keep and made.exists())
 
 
 def _say_kept(root: Path, keep: bool) -> None:
