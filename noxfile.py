@@ -155,8 +155,9 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: the embedded default stack (CPU tier + example tier, real bytes) on the
-    bundled trace, then LRU against ARC across CPU-tier sizes."""
+    """The main job: the embedded default stack (CPU tier + fs tier in a temporary directory,
+    real bytes on disk, deleted afterwards) on the bundled trace, then LRU against ARC across
+    CPU-tier sizes. README.md shows this output (tests/test_cli_default.py checks it)."""
     install_stack(session)
     session.run("kv-offload", "plugins")
     session.run("kv-offload", "replay", "default", TRACE, "--no-progress")

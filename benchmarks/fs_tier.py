@@ -2,22 +2,25 @@
 
 One batch of ``--blocks`` blocks of ``--block-kib`` KiB (default 256 x 256 KiB = 64 MiB):
 
-* store: one ``submit_store`` job of the batch from the CPU buffer, polled to completion with
-  ``get_finished`` (a file per block: header, checksum, temporary name, rename), against a
-  plain sequential ``write`` of the same rows into one file (``fsync`` at the end when the
-  tier runs with ``fsync = "always"``: the same durability when each reports done);
+* cold store: one ``submit_store`` job of the batch from the CPU buffer into an empty tier,
+  polled to completion with ``get_finished`` (a file per block: header, checksum, temporary
+  name, rename), against a plain sequential ``write`` of the same rows into one new file
+  (``fsync`` at the end when the tier runs with ``fsync = "always"``: the same durability
+  when each reports done). The tier is timed once idle, as a while after its start: its I/O
+  threads have created empty files ahead of stores (up to ``PRECREATE_FILES``, 256), which
+  the stores fill. ``cold_unprepared`` is the same store into a tier that creates none
+  (every block creates its file: a sustained stream longer than the pool);
+* store: the same into the now full tier (the steady state of a cache: each store evicts,
+  and the evicted file is recycled);
 * load: one ``submit_load`` job of the batch into other CPU rows (read, header check,
   checksum), against a plain sequential ``read`` of the raw file into the same rows. Both read
   what was just written, so both come from the page cache.
 
-Each round runs raw store, tier store, raw load, tier load, interleaved so both sides see the
-same machine; a fresh tier directory and raw file per round (built outside the timing). The
-report gives GB/s (best and median of the rounds) and the tier/raw ratio of each round (best
-and median), for each ``fsync`` mode; targets are >= 0.8x raw for stores into a full tier
-(the steady state of a cache: each store evicts, and the evicted file is recycled) and for
-loads, with 4 I/O threads. Stores into an empty tier ("cold": a new file per block) are
-reported too, without a target. Loaded rows are checked to be
-byte-identical to the stored ones.
+Each round runs raw and tier side by side for each operation, interleaved so both sides see
+the same machine; fresh tier directories and raw files per round (built outside the timing).
+The report gives GB/s (best and median of the rounds) and the tier/raw ratio of each round
+(best and median), for each ``fsync`` mode; the target is >= 0.8x raw with 4 I/O threads.
+Loaded rows are checked to be byte-identical to the stored ones.
 
 Then the restart: ``--restart-blocks`` blocks (default 100,000, of ``--restart-block-kib``
 KiB: the start scans names and sizes, so the block size does not matter to it) are stored,
@@ -61,9 +64,27 @@ TARGET = 0.8
 CTX = ReqContext("bench")
 
 
-def make_tier(buffer: CPUKVBuffer, root: Path, capacity: int, **args: Any) -> FileSystemTier:
+class UnpreparedTier(FileSystemTier):
+    """The fs tier without files created ahead of stores: every cold store creates its file."""
+
+    precreate_files = 0
+
+
+def make_tier(
+    buffer: CPUKVBuffer, root: Path, capacity: int, cls: type[FileSystemTier] = FileSystemTier,
+    **args: Any,
+) -> FileSystemTier:  # fmt: skip
     config = OffloadingConfig(buffer.num_blocks, buffer.block_size_bytes)
-    return FileSystemTier(config, buffer.view, "fs", root, capacity_blocks=capacity, **args)
+    return cls(config, buffer.view, "fs", root, capacity_blocks=capacity, **args)
+
+
+def settle(tier: FileSystemTier, timeout: float = 60.0) -> None:
+    """Wait until the tier's I/O threads are idle, as a while after its start: the files it
+    creates ahead of stores are there (and their creation is outside every timing)."""
+    want = min(tier.precreate_files, tier.get_stats().capacity)
+    deadline = time.monotonic() + timeout
+    while tier.get_stats().spare_files < want and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def run_job(tier: FileSystemTier, job: JobMetadata) -> None:
@@ -106,7 +127,7 @@ def timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-OPS = ("cold_store", "store", "load")
+OPS = ("cold_store", "cold_unprepared", "store", "load")
 
 
 def throughput(
@@ -122,7 +143,13 @@ def throughput(
     times: dict[str, list[float]] = {f"{side}{op}": [] for op in OPS for side in ("", "raw_")}
     for r in range(rounds + 1):  # round 0 warms up, untimed
         root, raw = base / f"tier-{fsync}-{r}", base / f"raw-{fsync}-{r}"
+        raw2 = base / f"raw2-{fsync}-{r}"
         tier = make_tier(buffer, root, blocks, fsync=fsync, io_threads=threads)
+        bare = make_tier(
+            buffer, base / f"bare-{fsync}-{r}", blocks, UnpreparedTier, fsync=fsync,
+            io_threads=threads,
+        )  # fmt: skip
+        settle(tier)
         first = [make_offload_key(2 * r * blocks + i) for i in range(blocks)]
         second = [make_offload_key((2 * r + 1) * blocks + i) for i in range(blocks)]
         jobs = [
@@ -133,7 +160,9 @@ def throughput(
         ]
         measured = {
             "raw_cold_store": timed(partial(raw_store, raw, src, durable)),  # a new file
-            "cold_store": timed(partial(run_job, tier, jobs[0])),  # new files
+            "cold_store": timed(partial(run_job, tier, jobs[0])),  # files made while idle
+            "raw_cold_unprepared": timed(partial(raw_store, raw2, src, durable)),  # a new file
+            "cold_unprepared": timed(partial(run_job, bare, jobs[0])),  # a new file per block
             "raw_store": timed(partial(raw_store, raw, src, durable)),  # the file again
             "store": timed(partial(run_job, tier, jobs[1])),
         }
@@ -146,8 +175,11 @@ def throughput(
         if not np.array_equal(dst, src):
             raise SystemExit("fs tier loaded different bytes")
         tier.shutdown()
+        bare.shutdown()
         shutil.rmtree(root)
+        shutil.rmtree(base / f"bare-{fsync}-{r}")
         raw.unlink()
+        raw2.unlink()
         if r:
             for name, t in measured.items():
                 times[name].append(t)
@@ -163,7 +195,7 @@ def throughput(
             # raw time / tier time of the same round: both saw the same machine
             "ratio_best": max(r / t for r, t in zip(raw_t, tier_t)),
             "ratio_median": statistics.median(r / t for r, t in zip(raw_t, tier_t)),
-            "target": TARGET if op != "cold_store" else None,
+            "target": TARGET,
         }
     buffer.close()
     return result
@@ -238,14 +270,14 @@ def main(argv: list[str] | None = None) -> int:
             f"fs tier vs plain file I/O: {args.blocks} x {args.block_kib} KiB, "
             f"{args.threads} I/O threads, {args.rounds} interleaved rounds (best / median)"
         )
-        header = f"{'fsync':<7}{'op':<11}{'tier GB/s':>16}{'raw GB/s':>16}{'ratio':>16}  target"
+        header = f"{'fsync':<7}{'op':<16}{'tier GB/s':>16}{'raw GB/s':>16}{'ratio':>16}  target"
         print(header)
         print("-" * len(header))
         for res in results:
             for op in OPS:
                 r = res[op]
                 print(
-                    f"{res['fsync']:<7}{op:<11}"
+                    f"{res['fsync']:<7}{op:<16}"
                     f"{r['tier_gb_s_best']:>8.2f} / {r['tier_gb_s_median']:<5.2f}"
                     f"{r['raw_gb_s_best']:>8.2f} / {r['raw_gb_s_median']:<5.2f}"
                     f"{r['ratio_best']:>8.2f} / {r['ratio_median']:<5.2f}  "

@@ -9,6 +9,7 @@ on stderr naming the problem, and nothing on stdout.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -401,6 +402,14 @@ def test_bad_values_are_clear_errors(name: str, call: Any, error: Any, names: st
     assert names in str(raised.value), str(raised.value)
 
 
+#: An fs tier directory no case creates (validation refuses the config before building).
+FS_ROOT = str(Path(tempfile.gettempdir()) / "kv-offload-catalogue-never-created")
+
+
+def _tier(tier: dict[str, Any]) -> dict[str, Any]:
+    return {"num_blocks": 8, "block_size_bytes": 64, "tiers": [tier]}
+
+
 CONFIG_CASES = [
     ("unknown key", {"num_blocks": 8, "polcy": "lru"}, "polcy"),
     ("zero blocks", {"num_blocks": 0}, "num_blocks"),
@@ -431,6 +440,35 @@ CONFIG_CASES = [
     ("hooks enable not a list", {"num_blocks": 8, "hooks": {"enable": 5}}, "enable"),
     ("unknown hooks key", {"num_blocks": 8, "hooks": {"enabel": []}}, "enabel"),
     ("negative block size", {"num_blocks": 8, "block_size_bytes": -64}, "block_size_bytes"),
+    # The fs and Redis tiers' validate_arguments / validate_for_stack (nothing created).
+    ("fs tier without root_dir", _tier({"type": "fs", "capacity_blocks": 10}), "root_dir"),
+    (
+        "fs tier root_dir under a file",
+        _tier({"type": "fs", "root_dir": str(Path(__file__) / "fs"), "capacity_blocks": 10}),
+        "cannot be created",
+    ),
+    (
+        "fs tier two capacities",
+        _tier({"type": "fs", "root_dir": FS_ROOT, "capacity_blocks": 1, "capacity_bytes": 9999}),
+        "exactly one of capacity_bytes or capacity_blocks",
+    ),
+    (
+        "fs tier capacity below one block",
+        _tier({"type": "fs", "root_dir": FS_ROOT, "capacity_bytes": 100}),
+        "capacity_bytes 100",
+    ),
+    (
+        "fs tier unknown fsync",
+        _tier({"type": "fs", "root_dir": FS_ROOT, "capacity_blocks": 1, "fsync": "daily"}),
+        "'daily'",
+    ),
+    ("redis tier not a redis url", _tier({"type": "redis", "url": "http://h:1"}), "redis://"),
+    ("redis tier zero batch", _tier({"type": "redis", "batch_blocks": 0}), "batch_blocks"),
+    (
+        "redis tier retry bounds reversed",
+        _tier({"type": "redis", "retry_after_s": 9, "max_retry_after_s": 1}),
+        "max_retry_after_s",
+    ),
 ]
 
 
@@ -472,6 +510,23 @@ CLI_CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         ["replay", "default", "{dir}/t.jsonl"],
         {"t.jsonl": '{"hash_ids": [1, 1]}\n'},
         "t.jsonl:1",
+    ),
+    (
+        "validate fs capacity below one block",
+        ["validate", "{dir}/c.toml"],
+        {
+            "c.toml": 'num_blocks = 8\nblock_size_bytes = 64\n[[tiers]]\ntype = "fs"\n'
+            'root_dir = "kvo-never-created"\ncapacity_bytes = 100\n'
+        },
+        "c.toml:6",
+    ),
+    (
+        "validate redis url not redis",
+        ["validate", "{dir}/c.toml"],
+        {
+            "c.toml": 'num_blocks = 8\nblock_size_bytes = 64\n[[tiers]]\ntype = "redis"\nurl = "http://h"\n'
+        },
+        "c.toml:5",
     ),
     (
         "compare unknown policy",

@@ -61,7 +61,14 @@ def resolve_config(config: StackConfig) -> None:
     v = Validator.for_source(config.source)
     _forbid_module_paths_by_env(v, config)
     _resolve_policy(v, config)
-    tier_classes = [_resolve_tier(v, index, tier) for index, tier in enumerate(config.tiers)]
+    geometry = (
+        OffloadingConfig(config.num_blocks, config.block_size_bytes)
+        if config.block_size_bytes
+        else None
+    )
+    tier_classes = [
+        _resolve_tier(v, index, tier, geometry) for index, tier in enumerate(config.tiers)
+    ]
     config.hook_selection()  # the environment's hook settings must parse
     _check_hooks(v, config)
     _check_memory(v, config, _estimate(config, tier_classes))
@@ -195,7 +202,9 @@ def _resolve_policy(v: Validator, config: StackConfig) -> None:
         raise v.fail(("policy",) if installed else at, message + _import_hint(exc)) from exc
 
 
-def _resolve_tier(v: Validator, index: int, tier: TierConfig) -> type[SecondaryTierManager]:
+def _resolve_tier(
+    v: Validator, index: int, tier: TierConfig, geometry: OffloadingConfig | None
+) -> type[SecondaryTierManager]:
     from .tier_factory import SecondaryTierFactory, check_tier_arguments
 
     at: KeyPath = ("tiers", index, "module_path" if tier.module_path is not None else "type")
@@ -211,6 +220,8 @@ def _resolve_tier(v: Validator, index: int, tier: TierConfig) -> type[SecondaryT
     try:
         check_tier_arguments(tier.type, tier_cls, tier.arguments)
         tier_cls.validate_arguments(**tier.arguments)
+        if geometry is not None:
+            tier_cls.validate_for_stack(geometry, **tier.arguments)
     except ConfigError as exc:
         raise v.fail(_tier_key(index, tier, exc, "type"), str(exc)) from exc
     return tier_cls

@@ -32,6 +32,7 @@ __all__ = [
     "standalone_tier",
     "store",
     "temporary_files",
+    "tmp_entries",
 ]
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -118,6 +119,21 @@ def block_files(root: Path) -> list[Path]:
 
 
 def temporary_files(root: Path) -> list[Path]:
+    """What ``tmp/`` holds besides a live tier's empty spare files (created ahead of
+    stores): blocks being written, recycled files, or what a killed writer left."""
+    found = []
+    for path in (root / "tmp").iterdir():
+        try:
+            empty_spare = path.name.startswith("spare-") and path.stat().st_size == 0
+        except FileNotFoundError:  # a store took it meanwhile
+            continue
+        if not empty_spare:
+            found.append(path)
+    return sorted(found)
+
+
+def tmp_entries(root: Path) -> list[Path]:
+    """Everything in ``tmp/``: nothing once the tier is shut down."""
     return sorted((root / "tmp").iterdir())
 
 

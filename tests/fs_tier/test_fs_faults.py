@@ -9,6 +9,7 @@ import errno
 import logging
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -260,11 +261,33 @@ def test_files_are_0600_and_directories_0700(tmp_path: Path) -> None:
 
 
 def test_one_process_per_directory(tmp_path: Path) -> None:
-    m = build_fs_stack(tmp_path / "fs")
-    with pytest.raises(ConfigError, match=r"in use by another process \(pid \d+\)"):
-        build_fs_stack(tmp_path / "fs")
+    root = tmp_path / "fs"
+    here = Path(__file__).parent
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]\n"
+            "from _fs import build_fs_stack\n"
+            f"m = build_fs_stack({str(root)!r})\n"
+            "print('ready', flush=True)\nsys.stdin.read()\nm.shutdown()\n",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        with pytest.raises(ConfigError, match=rf"in use by another process \(pid {holder.pid}\)"):
+            build_fs_stack(root)
+    finally:
+        holder.communicate("", timeout=60)
+    m = build_fs_stack(root)  # released when the other process shut its tier down
+    # A second tier of the same process is told so, not sent looking for another process.
+    with pytest.raises(ConfigError, match="used by another fs tier of this process"):
+        build_fs_stack(root)
     m.shutdown()
-    build_fs_stack(tmp_path / "fs").shutdown()  # released at shutdown
+    build_fs_stack(root).shutdown()  # released at shutdown
 
 
 def test_delete_on_shutdown_removes_what_the_tier_wrote(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from _fs import (
     evict_from_cpu,
     promote,
     store,
-    temporary_files,
+    tmp_entries,
 )
 from _tiers import key
 from kv_offload import (
@@ -55,7 +55,7 @@ def test_round_trip_through_the_tiered_manager(tmp_path: Path, policy: str) -> N
     assert tier.get_stats().loaded_blocks == stats.promoted_blocks
     check_no_leaks(m)
     m.shutdown()
-    assert not temporary_files(tmp_path / "fs")
+    assert not tmp_entries(tmp_path / "fs")
 
 
 def test_lookup_answers_none_while_the_store_is_in_flight(tmp_path: Path) -> None:
@@ -225,4 +225,4 @@ def test_evicted_files_are_recycled_for_later_stores(tmp_path: Path) -> None:
     for k in short:
         assert promote(m, k, ctx) is HIT
     m.shutdown()
-    assert not temporary_files(root)  # spare files are not left behind
+    assert not tmp_entries(root)  # spare files are not left behind

@@ -129,6 +129,15 @@ class SecondaryTierManager(ABC):
         accepts everything. A tier's ``__init__`` can call it too, to keep one rule.
         """
 
+    @classmethod  # noqa: B027 - an optional hook, not an abstract method
+    def validate_for_stack(cls, config: OffloadingConfig, **arguments: Any) -> None:
+        """The checks of :meth:`validate_arguments` that need the CPU tier's geometry
+        (``config.block_size_bytes``), e.g. a disk tier's directory written with another
+        block size, or a byte capacity smaller than one block. Config validation calls it
+        after :meth:`validate_arguments` when the config sets ``block_size_bytes`` (a stack
+        with tiers always does); same rules: nothing allocated or created, a
+        :class:`~kv_offload.ConfigError` with ``key=``. The default accepts everything."""
+
     @classmethod
     def memory_bytes(cls, config: OffloadingConfig, **arguments: Any) -> int | None:
         """At most how many bytes of this process's memory the tier will hold (for config

@@ -6,7 +6,8 @@ planted later in place of a block file or a directory cannot redirect a write ou
 
 Copy-free: a store writes the header and the CPU buffer row with one ``pwritev`` straight from
 the row; a load reads the header and the row with one ``preadv`` straight into the row. The
-``spare`` byte of a load detects a file longer than a block without a ``stat``.
+``spare`` byte of a load detects a file longer than a block without a ``stat`` (a file of the
+right size is read in one ``preadv``: a regular file reads short only at its end).
 
 Crash safety: a block is written under a temporary name in ``tmp/`` and renamed into its shard
 directory only once complete (and, with ``durable``, synced), so a block file is either absent
@@ -20,7 +21,14 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["read_block", "recycle_block", "remove_block", "sync_dir", "write_block"]
+__all__ = [
+    "create_spare",
+    "read_block",
+    "recycle_block",
+    "remove_block",
+    "sync_dir",
+    "write_block",
+]
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # macOS has no fdatasync; fsync is the same guarantee there, and more.
@@ -84,6 +92,12 @@ def write_block(
         raise
 
 
+def create_spare(tmp_fd: int, name: str) -> None:
+    """An empty file ``tmp/name`` for a later store to fill (see ``write_block``'s
+    ``spare``): creating a file is most of the cost of storing a block in a new one."""
+    os.close(os.open(name, _WRITE_FLAGS, 0o600, dir_fd=tmp_fd))
+
+
 def recycle_block(shard_fd: int, name: str, tmp_fd: int, spare_name: str) -> bool:
     """Move an evicted block file out of its shard, to ``tmp/spare_name`` for reuse;
     ``False`` if it was already gone."""
@@ -100,12 +114,17 @@ def read_block(shard_fd: int, name: str, head: bytearray, row: memoryview, spare
     fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
     try:
         buffers = [memoryview(head), row, memoryview(spare)]
+        block_file = len(head) + len(row)
         total = 0
         while buffers:
             got = os.preadv(fd, buffers, total)
             if got == 0:
                 break
             total += got
+            if total == block_file:
+                # A short read of a regular file ends at its end: the file is one block
+                # long, the spare byte stays empty (one system call, not a second for EOF).
+                break
             while buffers and got >= len(buffers[0]):
                 got -= len(buffers[0])
                 buffers.pop(0)

@@ -7,6 +7,10 @@ the threads, so one large job still uses all of them.
 
 A task is a plain callable; its result goes to the shared ``done`` queue. A task that raises
 still produces a result (``on_error``), so every job reports, whatever a worker does.
+
+``idle`` (optional) is background work a thread does when its queue is empty, one small step
+per call, checking the queue again after each (a task waits at most one step): it returns
+``True`` while there is more to do. The fs tier creates empty files there ahead of stores.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ logger = logging.getLogger("kv_offload.fs_tier")
 
 Task = Callable[[], Any]
 ErrorResult = Callable[[BaseException], Any]
+Idle = Callable[[], bool]
 
 
 class Lanes:
     """``count`` daemon threads, each draining its own queue into ``done``."""
 
-    def __init__(self, count: int, name: str) -> None:
+    def __init__(self, count: int, name: str, idle: Idle | None = None) -> None:
         self.done: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle = idle
         self._queues: list[queue.SimpleQueue[tuple[Task, ErrorResult] | None]] = []
         self._threads: list[threading.Thread] = []
         for index in range(count):
@@ -49,8 +55,19 @@ class Lanes:
 
     def _run(self, tasks: queue.SimpleQueue[tuple[Task, ErrorResult] | None]) -> None:
         done = self.done
+        idle = self._idle
         while True:
-            item = tasks.get()
+            try:
+                item = tasks.get_nowait()
+            except queue.Empty:
+                if idle is not None:
+                    try:
+                        if idle():
+                            continue
+                    except BaseException:  # background work only: stop doing it, keep serving
+                        logger.exception("fs tier I/O thread: idle work raised; stopped")
+                        idle = None
+                item = tasks.get()
             if item is None:
                 return
             task, on_error = item

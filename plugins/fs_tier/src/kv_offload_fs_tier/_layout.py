@@ -117,6 +117,11 @@ class RootDir:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            if owner == str(os.getpid()):  # flock is per open file: a second tier here
+                raise self._error(
+                    "is used by another fs tier of this process",
+                    "give each fs tier of a stack its own root_dir",
+                ) from exc
             raise self._error(
                 f"is in use by another process (pid {owner})",
                 "give each process its own root_dir, or stop the other process",

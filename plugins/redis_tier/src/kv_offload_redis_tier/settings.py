@@ -39,7 +39,9 @@ def _positive(tier: str, name: str, value: Any, *, integer: bool = False) -> Non
     number = isinstance(value, int) or (not integer and isinstance(value, float))
     if isinstance(value, bool) or not number or value <= 0:
         kind = "int" if integer else "number"
-        raise ConfigError(f"tier {tier!r}: {name} must be a positive {kind}, got {value!r}")
+        raise ConfigError(
+            f"tier {tier!r}: {name} must be a positive {kind}, got {value!r}", key=name
+        )
 
 
 @dataclass(frozen=True)
@@ -92,59 +94,82 @@ class RedisTierSettings:
         tls_key_file: str | None,
     ) -> RedisTierSettings:
         if not isinstance(url, str):
-            raise ConfigError(f"tier {tier!r}: url must be a string like redis://host:6379/0")
+            raise ConfigError(
+                f"tier {tier!r}: url must be a string like redis://host:6379/0", key="url"
+            )
         safe = redact_url(url)
         try:
             parts = urlsplit(url)
             port = parts.port or 6379
         except ValueError as exc:
-            raise ConfigError(f"tier {tier!r}: url {safe!r} is malformed ({exc})") from None
+            raise ConfigError(
+                f"tier {tier!r}: url {safe!r} is malformed ({exc})", key="url"
+            ) from None
         if parts.scheme not in ("redis", "rediss"):
             raise ConfigError(
-                f"tier {tier!r}: url {safe!r} must start with redis:// (plain) or rediss:// (TLS)"
+                f"tier {tier!r}: url {safe!r} must start with redis:// (plain) or rediss:// (TLS)",
+                key="url",
             )
         if not parts.hostname:
-            raise ConfigError(f"tier {tier!r}: url {safe!r} names no host")
+            raise ConfigError(f"tier {tier!r}: url {safe!r} names no host", key="url")
         path = parts.path.lstrip("/")
         if path and not path.isdigit():
-            raise ConfigError(f"tier {tier!r}: url {safe!r}: the path must be a db number")
+            raise ConfigError(
+                f"tier {tier!r}: url {safe!r}: the path must be a db number", key="url"
+            )
         db = int(path or 0)
         if cluster and db:
-            raise ConfigError(f"tier {tier!r}: Redis Cluster has only db 0; drop /{db} from url")
+            raise ConfigError(
+                f"tier {tier!r}: Redis Cluster has only db 0; drop /{db} from url", key="url"
+            )
         password = unquote(parts.password) if parts.password is not None else None
         if password_env is not None:
             if not isinstance(password_env, str) or not password_env:
-                raise ConfigError(f"tier {tier!r}: password_env must name an environment variable")
+                raise ConfigError(
+                    f"tier {tier!r}: password_env must name an environment variable",
+                    key="password_env",
+                )
             if password is not None:
                 raise ConfigError(
                     f"tier {tier!r}: the password is both in url and in password_env "
-                    f"{password_env!r}; keep only password_env"
+                    f"{password_env!r}; keep only password_env",
+                    key="password_env",
                 )
             if password_env not in os.environ:
                 raise ConfigError(
                     f"tier {tier!r}: environment variable {password_env!r} (password_env) is "
-                    f"not set; export it with the server's password"
+                    f"not set; export it with the server's password",
+                    key="password_env",
                 )
             password = os.environ[password_env]
         if not isinstance(cluster, bool):
-            raise ConfigError(f"tier {tier!r}: cluster must be true or false, got {cluster!r}")
+            raise ConfigError(
+                f"tier {tier!r}: cluster must be true or false, got {cluster!r}", key="cluster"
+            )
         nodes: list[tuple[str, int]] = []
         if startup_nodes is not None:
             if not cluster:
-                raise ConfigError(f"tier {tier!r}: startup_nodes needs cluster = true")
+                raise ConfigError(
+                    f"tier {tier!r}: startup_nodes needs cluster = true", key="startup_nodes"
+                )
             if isinstance(startup_nodes, str) or not isinstance(startup_nodes, Sequence):
                 raise ConfigError(
-                    f"tier {tier!r}: startup_nodes must be a list of 'host:port' strings"
+                    f"tier {tier!r}: startup_nodes must be a list of 'host:port' strings",
+                    key="startup_nodes",
                 )
             for node in startup_nodes:
                 host, sep, node_port = str(node).rpartition(":")
                 if not sep or not host or not node_port.isdigit():
-                    raise ConfigError(f"tier {tier!r}: startup node {node!r} is not 'host:port'")
+                    raise ConfigError(
+                        f"tier {tier!r}: startup node {node!r} is not 'host:port'",
+                        key="startup_nodes",
+                    )
                 nodes.append((host.strip("[]"), int(node_port)))
         if not isinstance(namespace, str) or not namespace or any(c.isspace() for c in namespace):
             raise ConfigError(
                 f"tier {tier!r}: namespace must be a non-empty string without spaces, got "
-                f"{namespace!r}"
+                f"{namespace!r}",
+                key="namespace",
             )
         if ttl_s is not None:
             _positive(tier, "ttl_s", ttl_s)
@@ -167,7 +192,8 @@ class RedisTierSettings:
         if max_retry_after_s < retry_after_s:
             raise ConfigError(
                 f"tier {tier!r}: max_retry_after_s ({max_retry_after_s}) must be >= "
-                f"retry_after_s ({retry_after_s})"
+                f"retry_after_s ({retry_after_s})",
+                key="max_retry_after_s",
             )
         use_tls = parts.scheme == "rediss"
         files: tuple[tuple[str, str | None], ...] = (
@@ -179,9 +205,11 @@ class RedisTierSettings:
             if file is None:
                 continue
             if not use_tls:
-                raise ConfigError(f"tier {tier!r}: {name} needs a rediss:// url")
+                raise ConfigError(f"tier {tier!r}: {name} needs a rediss:// url", key=name)
             if not os.path.isfile(file):
-                raise ConfigError(f"tier {tier!r}: {name} {file!r} is not a readable file")
+                raise ConfigError(
+                    f"tier {tier!r}: {name} {file!r} is not a readable file", key=name
+                )
         return cls(
             tier=tier,
             safe_url=safe,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import threading
 from collections import deque
@@ -87,8 +88,22 @@ class _BatchFailed(Exception):
     """One batch of a job failed; the message says why (already counted and logged)."""
 
 
+@functools.cache
+def _constructor_defaults() -> dict[str, Any]:
+    """The tier's own arguments and their defaults, read from ``RedisTier.__init__`` (one
+    place states them)."""
+    parameters = list(inspect.signature(RedisTier.__init__).parameters.values())[4:]
+    return {p.name: p.default for p in parameters}
+
+
 class RedisTier(SecondaryTierManager):
     """``[[tiers]] type = "redis"``; every keyword argument is a config key (README)."""
+
+    @classmethod
+    def validate_arguments(cls, **arguments: Any) -> None:
+        """The keys as written, as the constructor checks them (url form and db, numbers,
+        TLS files, ``password_env`` set), without connecting to anything."""
+        RedisTierSettings.from_args("redis", **{**_constructor_defaults(), **arguments})
 
     def __init__(
         self,

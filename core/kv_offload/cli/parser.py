@@ -1,0 +1,193 @@
+"""The command line: global options (before or after the command), the option groups that
+several commands share, and one subparser per command bound to its function."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..config_env import ALLOW_MODULE_PATH_ENV
+from ..trace import MOONCAKE_BLOCK_TOKENS
+from .compare_cmd import cmd_compare
+from .default_stack import DEFAULT_NAME
+from .plugins_cmd import cmd_plugins
+from .replay_cmd import cmd_replay
+from .validate_cmd import cmd_validate
+
+__all__ = ["DESCRIPTION", "build_parser"]
+
+DESCRIPTION = (
+    "The ``kv-offload`` command: list plugins, validate a config, replay and compare traces."
+)
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _shared_options() -> tuple[argparse.ArgumentParser, ...]:
+    """Parent parsers: the global options again (after the command), the progress bar
+    switches, and the trace's block options."""
+    # Global options work after the command too; SUPPRESS keeps them from resetting the above.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument("--no-module-path", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument(
+        "--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS, help="as before the command"
+    )
+    progress = argparse.ArgumentParser(add_help=False)
+    shown = progress.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_const",
+        const=True,
+        default=None,
+        help="always show the progress bar on stderr (default: only on a terminal)",
+    )
+    shown.add_argument(
+        "--no-progress", dest="progress", action="store_const", const=False, help="never show it"
+    )
+    blocks = argparse.ArgumentParser(add_help=False)
+    blocks.add_argument(
+        "--block-tokens",
+        type=_positive_int,
+        default=MOONCAKE_BLOCK_TOKENS,
+        help="tokens per trace block; a request's partial last block (input_length not a "
+        f"multiple of it) is neither looked up nor stored (default {MOONCAKE_BLOCK_TOKENS})",
+    )
+    blocks.add_argument(
+        "--keep-partial-blocks",
+        action="store_true",
+        help="replay every block of hash_ids, the partial last one too (the old behaviour)",
+    )
+    return common, progress, blocks
+
+
+def _default_options() -> argparse.ArgumentParser:
+    """Where the ``default`` config's fs tier lives, and whether its blocks outlive the run."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--root",
+        type=Path,
+        metavar="DIR",
+        help=f"with the {DEFAULT_NAME!r} config: the fs tier's directory, created if missing "
+        "(default: a new temporary directory)",
+    )
+    options.add_argument(
+        "--keep",
+        action="store_true",
+        help=f"with the {DEFAULT_NAME!r} config: keep the fs tier's blocks at the end "
+        "(default: deleted)",
+    )
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kv-offload", description=DESCRIPTION)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="WARNING",
+        help="what kv-offload and plugin loggers print to stderr (hook plugins often log)",
+    )
+    parser.add_argument(
+        "--no-module-path",
+        action="store_true",
+        help=f"forbid module_path imports whatever the config says ({ALLOW_MODULE_PATH_ENV}=0)",
+    )
+    common, progress, blocks = _shared_options()
+    default = _default_options()
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "plugins", parents=[common], help="list installed policy, tier and hook plugins"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="import each plugin (never a blocked hook plugin) to find broken ones",
+    )
+    p.set_defaults(func=cmd_plugins)
+
+    p = sub.add_parser(
+        "validate",
+        parents=[common, default],
+        help="validate a config and print the resolved stack",
+    )
+    p.add_argument("config", help=f"a TOML config, or {DEFAULT_NAME!r} for the embedded one")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser(
+        "replay",
+        parents=[common, progress, blocks, default],
+        help="replay a Mooncake JSONL trace through a config's stack",
+    )
+    p.add_argument("config", help=f"a TOML config, or {DEFAULT_NAME!r} for the embedded one")
+    p.add_argument("trace", type=Path)
+    p.add_argument(
+        "--drain-timeout",
+        type=_positive_float,
+        metavar="SECONDS",
+        help="how long to wait for tier jobs at the end (default: the config's drain_timeout_s)",
+    )
+    p.add_argument("--limit", type=_positive_int, help="replay only the first N lines")
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    p.add_argument(
+        "--metrics-port",
+        type=_positive_int,
+        metavar="PORT",
+        help="serve Prometheus metrics on PORT during the replay (needs kv-offload-prometheus)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address --metrics-port binds (default 127.0.0.1)",
+    )
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser(
+        "compare",
+        parents=[common, progress, blocks],
+        help="replay one trace across policies and capacities",
+    )
+    p.add_argument("trace", type=Path)
+    p.add_argument("--policy", action="append", help="policy name (repeatable; lru, arc)")
+    p.add_argument(
+        "--capacity",
+        type=_positive_int,
+        action="append",
+        help="CPU tier size in blocks (repeatable; 5000, 20000)",
+    )
+    p.add_argument("--limit", type=_positive_int, help="replay only the first N lines")
+    p.add_argument("--plot", type=Path, help="write a PNG of hit ratio vs capacity")
+    p.add_argument(
+        "--bounds",
+        action="store_true",
+        help="add Belady (offline optimum) and infinite-cache rows per capacity, and each "
+        "policy's share of the LRU-to-Belady gap (adds lru if missing)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    p.set_defaults(func=cmd_compare)
+    return parser

@@ -1,0 +1,80 @@
+"""``kv-offload plugins``: every installed plugin, from metadata (``--check`` imports them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import asdict
+from importlib import metadata
+
+from ..plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
+from ..policies import CachePolicyFactory
+from ..tiering import SecondaryTierFactory
+from .output import table
+
+__all__ = ["cmd_plugins"]
+
+
+def _blocked_names() -> set[str]:
+    """Hook plugins ``KV_OFFLOAD_BLOCK_PLUGINS`` forbids importing (a listing honours it too)."""
+    return {n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()}
+
+
+def _hook_plugins(check: bool, blocked: set[str]) -> list[PluginInfo]:
+    """Installed hook plugins from metadata; with ``check``, each unblocked one is imported."""
+    eps = list(metadata.entry_points(group=HOOK_ENTRY_POINT_GROUP))
+    claims: dict[str, list[str]] = {}
+    for ep in eps:
+        dist = ep.dist
+        claims.setdefault(ep.name, []).append(
+            f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+        )
+    infos = []
+    for ep in eps:
+        error = None
+        if len(claims[ep.name]) > 1:
+            error = "claimed by " + ", ".join(sorted(claims[ep.name]))
+        elif check and ep.name not in blocked:
+            try:
+                ep.load()
+            except Exception as exc:
+                error = f"failed to import: {type(exc).__name__}: {exc}"
+        infos.append(PluginInfo.from_entry_point(ep, "hook", error))
+    return infos
+
+
+def _all_plugins(check: bool) -> list[tuple[PluginInfo, str]]:
+    """Every installed plugin with its status. Listing reads metadata only: importing runs a
+    plugin's code, so it happens only with ``check`` and never for a blocked name."""
+    blocked = _blocked_names()
+    policies = CachePolicyFactory.registry
+    tiers = SecondaryTierFactory.registry
+    infos = policies.available() + tiers.available() + _hook_plugins(check, blocked)
+    rows = []
+    for info in infos:
+        if info.kind == "hook" and info.name in blocked:
+            rows.append((info, f"blocked ({BLOCK_ENV}); not imported"))
+            continue
+        if check and info.kind != "hook":
+            info = (policies if info.kind == "policy" else tiers).check(info)
+        if info.error is not None:
+            rows.append((info, f"BROKEN: {info.error}"))
+        else:
+            rows.append((info, "ok" if check else "installed"))
+    return rows
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    rows = _all_plugins(check=args.check)
+    if args.json:
+        print(json.dumps([{**asdict(i), "status": status} for i, status in rows], indent=2))
+        return 0
+    cells = [
+        [i.name, i.kind, i.distribution or "-", i.version or "-", i.source, status]
+        for i, status in rows
+    ]
+    print(table(cells, ["name", "kind", "distribution", "version", "found via", "status"]))
+    if not args.check:
+        print("(read from metadata; --check imports each plugin to find broken ones)")
+    return 0
