@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import pytest
 from _cpu_helpers import CTX, HIT, MISS, PENDING, check_occupancy, installed_policies, k
-from kv_offload import CPUOffloadingManager, OffloadingEvent, PrepareStoreOutput, SizeHistogram
+from kv_offload import (
+    CPUOffloadingManager,
+    OffloadingEvent,
+    PrepareStoreOutput,
+    SizeHistogram,
+    TieringOffloadingManager,
+    build_manager,
+)
 
 
 def ks(*ids: int) -> list[bytes]:
@@ -242,3 +249,34 @@ def test_metadata_only_removal_kept_when_the_retry_left_again() -> None:
     m.complete_store(ks(1), CTX)
     m.prepare_store(ks(2), CTX)  # evicts key 1
     assert events_of(m) == [failed(1), stored(1), evicted(1)]
+
+
+def test_metadata_only_removals_in_a_tiered_stack() -> None:
+    """The stack's one event log: a failed CPU store is a metadata-only CPU removal, dropped
+    when the retry landed; the retry's CPU store precedes its cascade to the tier."""
+    m = build_manager(
+        {
+            "num_blocks": 4,
+            "block_size_bytes": 64,
+            "enable_events": True,
+            "tiers": [{"type": "example", "capacity_blocks": 8}],
+            "hooks": {"autoload": False},
+        }
+    )
+    assert isinstance(m, TieringOffloadingManager)
+    try:
+        m.prepare_store(ks(1, 2), CTX)
+        m.complete_store(ks(1, 2), CTX, success=False)
+        out = m.prepare_store(ks(1), CTX)
+        assert out is not None
+        m.kv_buffer.write_blocks(out.store_spec.block_ids, bytes(64))
+        m.complete_store(ks(1), CTX)
+        m.on_schedule_end()  # the cascade to the tier reports
+        got = [(e.keys, e.medium, e.removed, e.metadata_only) for e in m.take_events()]
+        assert got == [
+            (ks(2), "CPU", True, True),
+            (ks(1), "CPU", False, False),
+            (ks(1), "example", False, False),
+        ]
+    finally:
+        m.shutdown()
