@@ -66,7 +66,7 @@ class ReuseFilter:
         """Count one offer of each of ``keys`` (unique), then return the ``candidates`` (the
         keys not stored yet, in order) whose count reached the threshold."""
         counts = self.counts
-        current = 0  # tracked keys of this call: moved to the end, never dropped below
+        current = 0  # keys of this call already tracked: moved to the end, so never dropped
         for key in keys:
             count = counts.get(key)
             if count is not None:

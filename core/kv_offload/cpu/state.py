@@ -27,7 +27,7 @@ from .slots import SlotTable
 if TYPE_CHECKING:
     from ..tiering.stats import TierStats
 
-__all__ = ["CPUManagerState", "Counters", "MEDIUM_CPU"]
+__all__ = ["ALLOCATION_SIZE_BOUNDS", "CPUManagerState", "Counters", "MEDIUM_CPU"]
 
 MEDIUM_CPU = "CPU"
 
