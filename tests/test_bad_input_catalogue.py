@@ -59,6 +59,20 @@ def populated_cpu() -> CPUOffloadingManager:
     return manager
 
 
+def populated_filtered() -> CPUOffloadingManager:
+    """The same states in a CPU manager with the reuse filter on (each key offered twice)."""
+    manager = CPUOffloadingManager(8, block_size_bytes=BLOCK, store_threshold=2)
+    for keys in ([IDLE, PINNED, k(4), k(5)], [PENDING]):
+        skipped = manager.prepare_store(keys, CTX)
+        assert skipped is not None and skipped.keys_to_store == []
+    out = manager.prepare_store([IDLE, PINNED, k(4), k(5)], CTX)
+    assert out is not None
+    manager.complete_store(out.keys_to_store, CTX)
+    manager.prepare_load([PINNED], CTX)
+    assert manager.prepare_store([PENDING], CTX) is not None
+    return manager
+
+
 def populated_tiered() -> TieringOffloadingManager:
     manager = build_manager(
         {"num_blocks": 8, "block_size_bytes": BLOCK, "tiers": [{"type": "example"}]}
@@ -73,12 +87,21 @@ def populated_tiered() -> TieringOffloadingManager:
     return manager
 
 
+#: The stacks every misuse case runs on ("filtered": the CPU manager with the reuse filter on).
+POPULATED: dict[str, Callable[[], Any]] = {
+    "cpu": populated_cpu,
+    "filtered": populated_filtered,
+    "tiered": populated_tiered,
+}
+
+
 def snapshot(manager: Any) -> tuple[Any, ...]:
     cpu = manager.primary if isinstance(manager, TieringOffloadingManager) else manager
     return (
         manager.get_stats(),
         [cpu.ref_count(key) for key in KEYS],
         [cpu.block_id(key) for key in KEYS],
+        None if cpu.reuse_filter is None else list(cpu.reuse_filter.counts.items()),
     )
 
 
@@ -249,7 +272,7 @@ KNOWN_DEFECTS: dict[tuple[str, str], str] = {}
 
 def _manager_params() -> list[Any]:
     params = []
-    for stack in ("cpu", "tiered"):
+    for stack in POPULATED:
         for case in MANAGER_CASES:
             reason = KNOWN_DEFECTS.get((stack, case.name))
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
@@ -259,7 +282,7 @@ def _manager_params() -> list[Any]:
 
 @pytest.mark.parametrize(("stack", "case"), _manager_params())
 def test_manager_misuse_leaves_state_intact(stack: str, case: Case) -> None:
-    manager = populated_cpu() if stack == "cpu" else populated_tiered()
+    manager = POPULATED[stack]()
     before = snapshot(manager)
     with pytest.raises(case.error) as raised:
         case.call(manager)
@@ -348,6 +371,30 @@ VALUE_CASES = [
         "nope",
     ),
     ("zero block size", lambda: CPUOffloadingManager(8, block_size_bytes=0), KVOffloadError, "0"),
+    (
+        "negative store threshold",
+        lambda: CPUOffloadingManager(8, store_threshold=-1),
+        ConfigError,
+        "store_threshold must be >= 0",
+    ),
+    (
+        "str store threshold",
+        lambda: CPUOffloadingManager(8, store_threshold="2"),  # type: ignore[arg-type]
+        ConfigError,
+        "'2'",
+    ),
+    (
+        "zero tracker size",
+        lambda: CPUOffloadingManager(8, store_threshold=2, max_tracker_size=0),
+        ConfigError,
+        "max_tracker_size must be > 0",
+    ),
+    (
+        "float tracker size",
+        lambda: CPUOffloadingManager(8, max_tracker_size=1e5),  # type: ignore[arg-type]
+        ConfigError,
+        "100000.0",
+    ),
     (
         "unknown policy class",
         lambda: CachePolicyFactory.get_cache_policy_cls("nope"),
@@ -469,6 +516,10 @@ CONFIG_CASES = [
         _tier({"type": "redis", "retry_after_s": 9, "max_retry_after_s": 1}),
         "max_retry_after_s",
     ),
+    ("negative store threshold", {"num_blocks": 8, "store_threshold": -1}, "store_threshold"),
+    ("bool store threshold", {"num_blocks": 8, "store_threshold": True}, "store_threshold"),
+    ("zero tracker size", {"num_blocks": 8, "max_tracker_size": 0}, "max_tracker_size"),
+    ("str tracker size", {"num_blocks": 8, "max_tracker_size": "64k"}, "max_tracker_size"),
 ]
 
 

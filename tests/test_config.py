@@ -310,6 +310,9 @@ BAD_DICTS: list[tuple[str, Any, tuple[str, ...]]] = [
     ),
     ("allow-module-path-not-bool", {"allow_module_path": "no"}, ("allow_module_path",)),
     ("enable-events-not-bool", {"enable_events": 1}, ("enable_events", "true or false")),
+    ("store-threshold-negative", {"store_threshold": -1}, ("store_threshold", ">= 0, got -1")),
+    ("store-threshold-float", {"store_threshold": 2.5}, ("store_threshold", "2.5")),
+    ("tracker-size-zero", {"max_tracker_size": 0}, ("max_tracker_size", "> 0, got 0")),
 ]
 
 
@@ -384,6 +387,7 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
             policy = "arc"
             allow_module_path = false
             enable_events = true
+            store_threshold = 2
 
             [hooks]
             autoload = false
@@ -405,6 +409,8 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
             "policy": "arc",
             "policy_module_path": None,
             "enable_events": True,
+            "store_threshold": 2,
+            "max_tracker_size": 64000,
         },
         "tiers": [{"type": "example", "capacity_blocks": 64}],
         "hooks": {"autoload": False, "enable": [], "block": []},
@@ -419,6 +425,9 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
         assert [tier.name for tier in manager.tiers] == ["example"]
         assert manager.tiers[0].capacity_blocks == 64  # type: ignore[attr-defined]
         assert manager.primary.num_free_blocks == 16
+        assert manager.primary.reuse_filter is not None  # allowed with tiers
+        assert manager.primary.reuse_filter.threshold == 2
+        assert manager.primary.reuse_filter.max_size == 64000
     finally:
         manager.shutdown()
 

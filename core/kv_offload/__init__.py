@@ -66,6 +66,7 @@ from .types import (
     OffloadingStats,
     PrepareStoreOutput,
     ReqContext,
+    SizeHistogram,
 )
 
 __all__ = [
@@ -111,6 +112,7 @@ __all__ = [
     "ManagerError",
     "OffloadingEvent",
     "OffloadingStats",
+    "SizeHistogram",
     "OffloadKey",
     "PluginConflictError",
     "PluginError",

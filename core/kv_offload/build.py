@@ -59,6 +59,8 @@ def _build(
         cache_policy=stack.policy,
         cache_policy_module_path=stack.policy_module_path,
         enable_events=stack.enable_events,
+        store_threshold=stack.store_threshold,
+        max_tracker_size=stack.max_tracker_size,
         block_size_bytes=stack.block_size_bytes,
         plugin_manager=plugin_manager,
     )

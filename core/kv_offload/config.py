@@ -17,6 +17,10 @@ key                         type       default   meaning
                                                  (out-of-tree fallback)
 ``allow_module_path``       bool       true      false forbids every ``module_path`` import
 ``enable_events``           bool       false     record ``OffloadingEvent`` batches
+``store_threshold``         int >= 0   0         reuse filter: store a block in the CPU tier
+                                                 from its n-th offer on (below 2: off)
+``max_tracker_size``        int > 0    64000     reuse filter: keys whose offers are counted
+                                                 (least recently offered forgotten first)
 ``drain_timeout_s``         float > 0  30.0      how long shutdown and drain wait for tier jobs
                                                  to report
 ``[hooks] autoload``        bool       true      load ``kv_offload.hooks`` entry points
@@ -132,6 +136,8 @@ class StackConfig:
     policy_module_path: str | None = _TOP["policy_module_path"].default
     allow_module_path: bool = _TOP["allow_module_path"].default
     enable_events: bool = _TOP["enable_events"].default
+    store_threshold: int = _TOP["store_threshold"].default
+    max_tracker_size: int = _TOP["max_tracker_size"].default
     drain_timeout_s: float = _TOP["drain_timeout_s"].default
     hooks: HooksConfig = field(default_factory=HooksConfig)
     tiers: tuple[TierConfig, ...] = ()

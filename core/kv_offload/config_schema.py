@@ -57,6 +57,14 @@ def _positive_int(value: Any) -> int:
     return value
 
 
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Invalid(f"must be an integer, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise Invalid(f"must be >= 0, got {value}")
+    return value
+
+
 def _name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise Invalid(f"must be a non-empty string, got {value!r}")
@@ -84,6 +92,7 @@ def _positive_seconds(value: Any) -> float:
 
 
 POSITIVE_INT = _Rule("int > 0", _positive_int)
+NON_NEGATIVE_INT = _Rule("int >= 0", _non_negative_int)
 POSITIVE_SECONDS = _Rule("float > 0", _positive_seconds)
 NAME = _Rule("str", _name)
 BOOLEAN = _Rule("bool", _boolean)
@@ -150,6 +159,20 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
         "false forbids every ``module_path`` import",
     ),
     Field("enable_events", BOOLEAN, False, "record ``OffloadingEvent`` batches", shown="cpu"),
+    Field(
+        "store_threshold",
+        NON_NEGATIVE_INT,
+        0,
+        "reuse filter: store a block in the CPU tier from its n-th offer on (below 2: off)",
+        shown="cpu",
+    ),
+    Field(
+        "max_tracker_size",
+        POSITIVE_INT,
+        64000,
+        "reuse filter: keys whose offers are counted (least recently offered forgotten first)",
+        shown="cpu",
+    ),
     Field(
         "drain_timeout_s",
         POSITIVE_SECONDS,

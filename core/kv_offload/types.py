@@ -26,6 +26,7 @@ __all__ = [
     "OffloadingStats",
     "PrepareStoreOutput",
     "ReqContext",
+    "SizeHistogram",
 ]
 
 _T = TypeVar("_T")
@@ -119,20 +120,58 @@ class PrepareStoreOutput:
 @dataclass
 class OffloadingEvent:
     """A batch of keys that became loadable (``removed=False``) or left (``removed=True``)
-    the medium named by ``medium`` (``"CPU"`` or a secondary tier's name)."""
+    the medium named by ``medium`` (``"CPU"`` or a secondary tier's name).
+
+    ``metadata_only`` (always with ``removed``): the keys' stores failed, so they were never
+    loadable there; only bookkeeping of offered keys needs undoing (vLLM's field of the same
+    name). Such keys stored again before the events were taken are left out.
+    """
 
     keys: list[OffloadKey]
     medium: str
     removed: bool
+    metadata_only: bool = False
+
+
+#: Upper bounds (``le``) of the allocation-size histogram's buckets: vLLM 0.33's, in blocks.
+ALLOCATION_SIZE_BOUNDS: tuple[int, ...] = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+@dataclass(frozen=True)
+class SizeHistogram:
+    """Observed sizes in buckets: ``counts[i]`` sizes ``<= bounds[i]`` (and above the bound
+    before), ``counts[-1]`` sizes above the last bound; ``total`` is their sum."""
+
+    bounds: tuple[int, ...] = ALLOCATION_SIZE_BOUNDS
+    counts: tuple[int, ...] = (0,) * (len(ALLOCATION_SIZE_BOUNDS) + 1)
+    total: int = 0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(le, observations <= le)`` per bucket, ending with ``(inf, count)``: the shape
+        of a Prometheus histogram."""
+        out: list[tuple[float, int]] = []
+        running = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts):
+            running += n
+            out.append((bound, running))
+        return out
 
 
 @dataclass(frozen=True)
 class OffloadingStats:
     """Cumulative counters since construction (or ``reset_cache``) plus current occupancy.
 
-    ``hits``, ``misses`` and ``pending`` partition ``lookups``. ``usage`` is the fraction of
-    slots holding a block that cannot be evicted right now (pending or pinned), vLLM's gauge;
-    ``occupancy`` is the fraction holding any block.
+    ``hits``, ``misses`` and ``pending`` partition ``lookups``. The usage figures are vLLM
+    0.33's gauges: ``usage`` is the fraction of slots holding a block that cannot be evicted
+    right now (pending or pinned), ``write_usage`` the part of it being written (a store in
+    flight), ``read_usage`` the part being read (pinned by a load or a cascade);
+    ``occupancy`` is the fraction holding any block. ``stores_skipped`` counts blocks the
+    reuse filter did not store (``store_threshold``); ``allocation_sizes`` holds the number
+    of slots each ``prepare_store`` asked for (calls that allocate nothing are not counted).
     """
 
     capacity: int
@@ -150,6 +189,8 @@ class OffloadingStats:
     pending_blocks: int
     pinned_blocks: int
     evictable_blocks: int
+    stores_skipped: int = 0
+    allocation_sizes: SizeHistogram = field(default_factory=SizeHistogram)
 
     @property
     def hit_ratio(self) -> float:
@@ -160,10 +201,25 @@ class OffloadingStats:
         return (self.pending_blocks + self.pinned_blocks) / self.capacity
 
     @property
+    def write_usage(self) -> float:
+        return self.pending_blocks / self.capacity
+
+    @property
+    def read_usage(self) -> float:
+        # vLLM's max(usage - write_usage, 0): the pinned share, computed exactly.
+        return self.pinned_blocks / self.capacity
+
+    @property
     def occupancy(self) -> float:
         return self.resident_blocks / self.capacity
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(hit_ratio=self.hit_ratio, usage=self.usage, occupancy=self.occupancy)
+        data.update(
+            hit_ratio=self.hit_ratio,
+            usage=self.usage,
+            read_usage=self.read_usage,
+            write_usage=self.write_usage,
+            occupancy=self.occupancy,
+        )
         return data

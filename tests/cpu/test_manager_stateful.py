@@ -91,11 +91,14 @@ class ManagerMachine(RuleBasedStateMachine):
             tuple(m.block_id(key) for key in UNIVERSE),
         )
 
-    def expect_events(self, expected: list[tuple[list[bytes], bool]]) -> None:
+    def expect_events(
+        self, expected: list[tuple[list[bytes], bool]], metadata_only: bool = False
+    ) -> None:
         events = self.m.take_events()
         assert [(list(e.keys), e.removed) for e in events] == expected
         for event in events:
             assert event.medium == "CPU"
+            assert event.metadata_only is metadata_only
 
     def expect_invalid(self, exc_type: type[BaseException], call: Any, *fragments: str) -> None:
         before = self.snapshot()
@@ -214,7 +217,7 @@ class ManagerMachine(RuleBasedStateMachine):
                 assert self.m.ref_count(key) == 0
         else:
             self.counters["failed_stores"] += len(keys)
-            self.expect_events([])
+            self.expect_events([(keys, True)], metadata_only=True)  # a failed store
             for key in keys:
                 assert self.m.ref_count(key) is None
 

@@ -129,6 +129,10 @@ def expected(
     put("pinned_blocks", cpu.pinned_blocks, medium="CPU")
     put("pending_blocks", cpu.pending_blocks, medium="CPU")
     put("evictable_blocks", cpu.evictable_blocks, medium="CPU")
+    put("stores_skipped_total", cpu.stores_skipped, medium="CPU")
+    put("usage_ratio", cpu.usage, medium="CPU")
+    put("read_usage_ratio", cpu.read_usage, medium="CPU")
+    put("write_usage_ratio", cpu.write_usage, medium="CPU")
     for tier in stats.tiers:
         put("lookups_total", tier.lookup_hits, medium=tier.name, result="hit")
         put("lookups_total", tier.lookups - tier.lookup_hits, medium=tier.name, result="miss")
@@ -152,7 +156,9 @@ def split(samples: dict[Sample, float], label: str = "0") -> tuple[dict[Sample, 
     """One manager's samples: (counters and gauges, histogram samples); also drops the
     ``_created`` timestamps prometheus_client adds to counters."""
     mine = {k: v for k, v in samples.items() if ("manager", label) in k[1]}
-    histogram = {k: v for k, v in mine.items() if "duration_seconds" in k[0]}
+    histogram = {
+        k: v for k, v in mine.items() if "duration_seconds" in k[0] or "allocation_size" in k[0]
+    }
     rest = {k: v for k, v in mine.items() if k not in histogram and not k[0].endswith("_created")}
     return rest, histogram
 
@@ -168,6 +174,21 @@ def check_histogram(histogram: dict[Sample, float], jobs: JobCounter, label: str
         )
         inf = tuple(sorted({**labels, "le": "+Inf"}.items()))
         assert histogram[(f"{name}_bucket", inf)] == count
+
+
+def check_allocation_sizes(histogram: dict[Sample, float], sizes: Any, label: str) -> None:
+    """The allocation-size histogram equals ``get_stats().allocation_sizes`` bucket by bucket."""
+    name = "kv_offload_allocation_size_blocks"
+    labels = {"manager": label, "medium": "CPU"}
+    got = {
+        dict(k[1])["le"]: v
+        for k, v in histogram.items()
+        if k[0] == f"{name}_bucket" and ("manager", label) in k[1]
+    }
+    want = {("+Inf" if math.isinf(le) else str(float(le))): n for le, n in sizes.cumulative()}
+    assert got == want
+    assert histogram[(f"{name}_count", tuple(sorted(labels.items())))] == sizes.count
+    assert histogram[(f"{name}_sum", tuple(sorted(labels.items())))] == sizes.total
 
 
 def replayed(
@@ -190,6 +211,7 @@ def test_every_counter_equals_get_stats(requests: list[Any]) -> None:
         want = expected(manager, "0", jobs.jobs, len(requests))
         assert samples == want  # every sample explained, every value equal
         check_histogram(histogram, jobs, "0")
+        check_allocation_sizes(histogram, manager.get_stats().cpu.allocation_sizes, "0")
         # The run exercised what the counters count (equality with 0 would prove little).
         stats = manager.get_stats()
         assert stats.cpu.evictions and stats.cpu.hits and stats.cpu.misses

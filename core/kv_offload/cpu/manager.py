@@ -13,6 +13,7 @@ builds the error on the slow path.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Collection
 
 from ..block_status import BlockStatus
@@ -22,7 +23,7 @@ from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqConte
 from . import eviction
 from . import validation as check
 from .slots import without_block
-from .state import MEDIUM_CPU, CPUManagerState
+from .state import ALLOCATION_SIZE_BOUNDS, MEDIUM_CPU, CPUManagerState
 
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
@@ -200,12 +201,17 @@ class CPUOffloadingManager(CPUManagerState):
         req_context: ReqContext,
         *,
         protected: Collection[OffloadKey] = (),
+        bypass_reuse_filter: bool = False,
     ) -> PrepareStoreOutput | None:
         """Allocate slots for the keys not yet stored, evicting if needed.
 
         Eviction is all or nothing and never takes a pending or pinned block, nor any of
         ``keys`` or ``protected`` (blocks a caller is about to load). Returns ``None``, with no
-        state change, when not enough blocks can be evicted.
+        state change but the reuse filter's offer counts, when not enough blocks can be
+        evicted. With the reuse filter on, the call counts one offer of each key and stores
+        only keys offered ``store_threshold`` times; ``bypass_reuse_filter`` stores every
+        absent key and counts nothing (a tiered manager's promotion: the block was admitted
+        when it was first stored).
         """
         if self._closed:
             raise check.closed_error("prepare_store")
@@ -215,6 +221,10 @@ class CPUOffloadingManager(CPUManagerState):
         if protected:
             key_set = check.protected_set(key_set, protected)
         to_store = without_block(key_list, blocks)
+        if self.reuse_filter is not None and not bypass_reuse_filter:
+            admitted = self.reuse_filter.offer(key_list, to_store)
+            self.counters.stores_skipped += len(to_store) - len(admitted)
+            to_store = admitted
         count = len(to_store)
         if not count:
             return _empty_store()
@@ -226,6 +236,7 @@ class CPUOffloadingManager(CPUManagerState):
                 return _empty_store()
         if self._on_store_miss is not None:
             self._on_store_miss(to_store, req_context)
+        counters = self.counters
         slots = self._slots
         shortfall = count - slots.num_free
         evicted: list[OffloadKey] = []
@@ -237,7 +248,8 @@ class CPUOffloadingManager(CPUManagerState):
                 except Exception as exc:
                     raise eviction.mark_failed(self, exc) from exc
             if victims is None:
-                self.counters.rejected_stores += 1
+                counters.rejected_stores += 1
+                counters.observe_allocation(count)
                 return None
             try:
                 keys_out, blocks_out = check.victims(
@@ -248,10 +260,14 @@ class CPUOffloadingManager(CPUManagerState):
                     raise eviction.mark_failed(self, exc) from exc
                 raise
             slots.release_idle(blocks_out)
-            self.counters.evictions += shortfall
+            counters.evictions += shortfall
             evicted = list(keys_out)
             if self.event_log is not None:
                 self.event_log.record(evicted, MEDIUM_CPU, True)
+        # Counted once eviction can no longer raise: a broken policy leaves the stats as they
+        # were. Inlined Counters.observe_allocation (the hot path: once per storing call).
+        counters.allocation_sizes[bisect_left(ALLOCATION_SIZE_BOUNDS, count)] += 1
+        counters.allocation_total += count
         new_blocks = slots.allocate(count)
         self._policy.insert_many(to_store, new_blocks)
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
@@ -284,6 +300,8 @@ class CPUOffloadingManager(CPUManagerState):
             for key in key_list:
                 remove(key)
             self.counters.failed_stores += len(key_list)
+            if self.event_log is not None and key_list:
+                self.event_log.record(list(key_list), MEDIUM_CPU, True, True)
             hook = self.hooks.store_failed
         if hook is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)

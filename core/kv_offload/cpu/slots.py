@@ -43,7 +43,9 @@ def without_block(keys: list[K], blocks: Blocks) -> list[K]:
 
 
 class SlotTable:
-    """``num_blocks`` slots: never-used ones are handed out first, then freed ones."""
+    """``num_blocks`` slots: never-used ones are handed out first (lowest id first), then
+    freed ones, the last freed first (vLLM pops its free list: its users' tests assert the
+    slot ids this order gives)."""
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
@@ -136,7 +138,8 @@ class SlotTable:
         self.num_evictable -= len(blocks)
 
     def allocate(self, count: int) -> list[BlockStatus]:
-        """``count`` slots, marked pending: never-used slots first, then freed ones."""
+        """``count`` slots, marked pending: never-used slots first, then freed ones, last
+        freed first."""
         free = self.free
         refs = self.refs
         fresh = self.num_blocks - self.num_allocated
@@ -147,6 +150,7 @@ class SlotTable:
             cut = len(free) - (count - fresh)
             reused = free[cut:]
             del free[cut:]
+            reused.reverse()  # the free list is a stack: the last freed slot comes out first
             for block in reused:
                 refs[block] = PENDING_REF_CNT
         self.num_pending += count

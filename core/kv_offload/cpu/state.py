@@ -4,6 +4,7 @@ and shutdown."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from ..base import OffloadingManager
@@ -19,13 +20,14 @@ from ..plugins import (
     register_if_hookimpl,
 )
 from ..policies import CachePolicy, CachePolicyFactory
-from ..types import OffloadingEvent, OffloadingStats
+from ..types import ALLOCATION_SIZE_BOUNDS, OffloadingEvent, OffloadingStats, SizeHistogram
+from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, ReuseFilter, check_filter_args
 from .slots import SlotTable
 
 if TYPE_CHECKING:
     from ..tiering.stats import TierStats
 
-__all__ = ["CPUManagerState", "Counters", "MEDIUM_CPU"]
+__all__ = ["ALLOCATION_SIZE_BOUNDS", "CPUManagerState", "Counters", "MEDIUM_CPU"]
 
 MEDIUM_CPU = "CPU"
 
@@ -85,6 +87,8 @@ class Counters:
     """The CPU manager's cumulative counters (restart at zero on ``reset_cache``)."""
 
     __slots__ = (
+        "allocation_sizes",
+        "allocation_total",
         "evictions",
         "failed_stores",
         "hits",
@@ -93,6 +97,7 @@ class Counters:
         "pending_lookups",
         "rejected_stores",
         "stored",
+        "stores_skipped",
     )
 
     def __init__(self) -> None:
@@ -104,6 +109,15 @@ class Counters:
         self.failed_stores = 0
         self.rejected_stores = 0
         self.evictions = 0
+        self.stores_skipped = 0
+        #: prepare_store calls per allocation-size bucket (ALLOCATION_SIZE_BOUNDS, then +Inf).
+        self.allocation_sizes = [0] * (len(ALLOCATION_SIZE_BOUNDS) + 1)
+        self.allocation_total = 0
+
+    def observe_allocation(self, count: int) -> None:
+        """One ``prepare_store`` that asked for ``count`` slots (vLLM's allocation size)."""
+        self.allocation_sizes[bisect_left(ALLOCATION_SIZE_BOUNDS, count)] += 1
+        self.allocation_total += count
 
     def snapshot(self, capacity: int, slots: SlotTable) -> OffloadingStats:
         return OffloadingStats(
@@ -122,6 +136,10 @@ class Counters:
             pending_blocks=slots.num_pending,
             pinned_blocks=slots.num_pinned,
             evictable_blocks=slots.num_evictable,
+            stores_skipped=self.stores_skipped,
+            allocation_sizes=SizeHistogram(
+                ALLOCATION_SIZE_BOUNDS, tuple(self.allocation_sizes), self.allocation_total
+            ),
         )
 
 
@@ -131,7 +149,9 @@ class CPUManagerState(OffloadingManager):
     ``cache_policy`` names an installed policy plugin (``"lru"`` by default, ``"arc"``, or any
     third-party name); ``cache_policy_module_path`` is the out-of-tree fallback. With
     ``enable_events`` the manager records :class:`~kv_offload.OffloadingEvent` batches in
-    :attr:`event_log` for :meth:`take_events`.
+    :attr:`event_log` for :meth:`take_events`. ``store_threshold`` (2 or more) turns on the
+    reuse filter: a block is stored from its ``store_threshold``-th offer on, offers counted
+    for at most ``max_tracker_size`` keys (:mod:`~kv_offload.cpu.reuse_filter`).
     """
 
     medium = MEDIUM_CPU
@@ -145,14 +165,23 @@ class CPUManagerState(OffloadingManager):
         block_size_bytes: int | None = None,
         kv_buffer: CPUKVBuffer | None = None,
         plugin_manager: KVOffloadPluginManager | None = None,
+        store_threshold: int = 0,
+        max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
     ) -> None:
         check_num_blocks(num_blocks, kv_buffer)
+        store_threshold, max_tracker_size = check_filter_args(store_threshold, max_tracker_size)
         policy = build_policy(cache_policy, cache_policy_module_path, num_blocks)
         if kv_buffer is None and block_size_bytes is not None:
             kv_buffer = CPUKVBuffer(num_blocks, block_size_bytes)
         self.kv_buffer = kv_buffer
         self.num_blocks = num_blocks
         self.cache_policy_name = cache_policy
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        #: The reuse filter, ``None`` when it is off (``store_threshold`` below 2).
+        self.reuse_filter: ReuseFilter | None = (
+            ReuseFilter(store_threshold, max_tracker_size) if store_threshold >= 2 else None
+        )
         self._policy: CachePolicy = policy
         self._get = policy.fast_get()  # bound once: the manager's hottest call
         self._slots = SlotTable(num_blocks)
@@ -197,14 +226,24 @@ class CPUManagerState(OffloadingManager):
     # -- whole-cache operations -----------------------------------------------------------
 
     def take_events(self) -> list[OffloadingEvent]:
-        """The events recorded since the last call (empty unless ``enable_events``)."""
-        return [] if self.event_log is None else self.event_log.take()
+        """The events recorded since the last call (empty unless ``enable_events``); a failed
+        store's metadata-only removal is left out for keys stored again since."""
+        if self.event_log is None:
+            return []
+        return self.event_log.take(self._holds)
+
+    def _holds(self, medium: str, key: OffloadKey) -> bool:
+        """Whether ``medium`` holds ``key`` now (pending or loadable), for :meth:`take_events`:
+        only the CPU tier's failed stores are metadata-only removals."""
+        return medium == MEDIUM_CPU and self._policy.get(key) is not None
 
     def reset_cache(self) -> None:
         """Drop every block, pinned and pending ones included; counters restart at zero.
 
         In-flight transfers are forgotten: completing them afterwards raises
-        :class:`~kv_offload.KeyStateError`, as for keys that were never prepared.
+        :class:`~kv_offload.KeyStateError`, as for keys that were never prepared. The reuse
+        filter's offer counts stay (they describe the engine's offers, not the cache; vLLM
+        keeps them too); ``stores_skipped`` restarts with the other counters.
         """
         self._policy.clear()
         self._slots.clear()

@@ -45,7 +45,10 @@ class Promotions:
         protected = self.found.get(ctx.req_id, ())
         # A store-admission hook raises before anything changed (and so does this call); an
         # eviction hook raises after the slot was reserved: queue the promotion, then report.
-        out = self._errors.call(self._primary.prepare_store, [key], ctx, protected=protected)
+        # A promotion is not an offer: the reuse filter admitted the block when it was stored.
+        out = self._errors.call(
+            self._primary.prepare_store, [key], ctx, protected=protected, bypass_reuse_filter=True
+        )
         if out is None or not out.keys_to_store:
             self._errors.raise_pending()  # an admission hook raised: nothing changed
             self._jobs.stats[index].refused_promotions += 1

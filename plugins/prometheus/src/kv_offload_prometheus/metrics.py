@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 __all__ = ["Families"]
 
@@ -68,6 +74,32 @@ class Families:
         self.read = counter(
             "tier_read_bytes", "Bytes copied from a secondary tier into the CPU tier", "tier"
         )
+        self.stores_skipped = counter(
+            "stores_skipped",
+            "Blocks the reuse filter did not store (offered fewer than store_threshold times)",
+            "medium",
+        )
+        self.usage = gauge(
+            "usage_ratio",
+            "Share of CPU slots that cannot be evicted now: pending or pinned (vLLM's "
+            "cpu_cache_usage_perc)",
+            "medium",
+        )
+        self.read_usage = gauge(
+            "read_usage_ratio",
+            "Share of CPU slots pinned by a load or a cascade (vLLM's read usage)",
+            "medium",
+        )
+        self.write_usage = gauge(
+            "write_usage_ratio",
+            "Share of CPU slots whose store is in flight (vLLM's write usage)",
+            "medium",
+        )
+        self.allocation_size = HistogramMetricFamily(
+            f"{p}_allocation_size_blocks",
+            "CPU slots each prepare_store asked for (vLLM's cpu_allocation_size)",
+            labels=["manager", "medium"],
+        )
         self.capacity = gauge("capacity_blocks", "Slots of the CPU tier", "medium")
         self.resident = gauge("resident_blocks", "Blocks held by the CPU tier", "medium")
         self.free = gauge("free_blocks", "Free slots of the CPU tier", "medium")
@@ -112,6 +144,16 @@ class Families:
         self.pinned.add_metric(m, cpu.pinned_blocks)
         self.pending.add_metric(m, cpu.pending_blocks)
         self.evictable.add_metric(m, cpu.evictable_blocks)
+        self.stores_skipped.add_metric(m, cpu.stores_skipped)
+        self.usage.add_metric(m, cpu.usage)
+        self.read_usage.add_metric(m, cpu.read_usage)
+        self.write_usage.add_metric(m, cpu.write_usage)
+        sizes = cpu.allocation_sizes
+        self.allocation_size.add_metric(
+            m,
+            [(floatToGoString(le), float(n)) for le, n in sizes.cumulative()],  # type: ignore[no-untyped-call]
+            float(sizes.total),
+        )
         if not hasattr(stats, "tiers"):
             return
         for tier in stats.tiers:
