@@ -145,12 +145,14 @@ def test_admission_hook_sees_only_the_keys_the_filter_passed() -> None:
             seen.append(list(keys))
 
     m = CPUOffloadingManager(4, store_threshold=2)
-    m.plugin_manager.register(Recorder())
+    recorder = Recorder()
+    m.plugin_manager.register(recorder)  # the process-wide plugin manager: undone below
     try:
         offer(m, 1, 2)
         assert offer(m, 1, 3) == ks(1)
         assert seen == [ks(1)]  # the all-filtered first call never reached the hook
     finally:
+        m.plugin_manager.unregister(recorder)
         m.shutdown()
 
 
