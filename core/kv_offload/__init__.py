@@ -8,9 +8,11 @@ from .base import OffloadingManager
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
 from .build import build_manager
+from .concurrency import SynchronizedManager, synchronized
 from .config import StackConfig, load_config
 from .cpu import CPUOffloadingManager
 from .errors import (
+    ConcurrentUseError,
     ConfigError,
     DuplicateRegistrationError,
     HookError,
@@ -88,6 +90,7 @@ __all__ = [
     "TierStats",
     "CachePolicy",
     "CachePolicyFactory",
+    "ConcurrentUseError",
     "ConfigError",
     "create_plugin_manager",
     "CPULoadStoreSpec",
@@ -122,6 +125,8 @@ __all__ = [
     "PluginValidationError",
     "PrepareStoreOutput",
     "ReqContext",
+    "synchronized",
+    "SynchronizedManager",
     "BackpressureDetector",
     "DropPolicy",
     "Locality",

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
+from ..concurrency import concurrent_use_error, entry_guarded, new_entry_token
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import as_list, check_context, short
 from ..errors import ConfigError, KeyStateError
@@ -91,26 +92,31 @@ class TieringOffloadingManager(OffloadingManager):
         # req_id -> keys its lookups answered HIT or PENDING (protected from its promotions)
         self._found: dict[str, set[OffloadKey]] = {}
         self._closed = False
+        self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
         ]
 
     # -- delegated parts of the manager API -----------------------------------------------
 
+    @entry_guarded
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Start the request in the CPU tier and ask every tier for its offload policy:
         ``REQUEST_LEVEL`` if any tier wants the whole request, else ``CHUNK_LEVEL``."""
         self.primary.on_new_request(req_context)
         return self._scope.start(req_context)
 
+    @entry_guarded
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         return self.primary.prepare_load(keys, req_context)
 
+    @entry_guarded
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.primary.complete_load(keys, req_context)
 
+    @entry_guarded
     def prepare_store(
         self,
         keys: Collection[OffloadKey],
@@ -137,6 +143,7 @@ class TieringOffloadingManager(OffloadingManager):
             self._errors.raise_pending(output)
         return output
 
+    @entry_guarded
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.primary.touch(keys, req_context)
         for tier in self.tiers:
@@ -153,42 +160,50 @@ class TieringOffloadingManager(OffloadingManager):
         the engine asks again after its next step instead of recomputing the block. Only the
         tiers the request's ``load_tier_filter`` allows are asked.
         """
+        entry = self._entry
         try:
-            tier_filter = req_context.load_tier_filter
-        except AttributeError:  # not a ReqContext: the CPU tier's lookup says so
-            tier_filter = None
-        indices = self._scope.all_tiers
-        if tier_filter is not None:
-            indices = self._scope.allowed(tier_filter)  # raises before anything changed
-        result = self.primary.lookup(key, req_context)
-        if not self.tiers:
-            return result
-        if result is not _MISS:
-            # What a request found stays protected from its own promotions until it finishes:
-            # evicting an earlier HIT of the same prefix would break its prepare_load.
-            self._found.setdefault(req_context.req_id, set()).add(key)
-            return result
-        ask_again = False
-        tiers = self.tiers
-        stats = self._jobs.stats
-        for index in indices:
-            stats[index].lookups += 1
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "lookup") from None
+        try:
             try:
-                held = tiers[index].lookup(key, req_context)
-            except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
-                stats[index].lookup_errors += 1
-                self._jobs.faults.report(
-                    tiers[index].name, "lookup", exc, "the key is a miss there"
-                )
-                continue
-            if held is True:
-                answer = self._reserve_promotion(index, key, req_context)
-                if answer is _PENDING:
-                    self._found.setdefault(req_context.req_id, set()).add(key)
-                return answer
-            if held is None:
-                ask_again = True
-        return _PENDING if ask_again else _MISS
+                tier_filter = req_context.load_tier_filter
+            except AttributeError:  # not a ReqContext: the CPU tier's lookup says so
+                tier_filter = None
+            indices = self._scope.all_tiers
+            if tier_filter is not None:
+                indices = self._scope.allowed(tier_filter)  # raises before anything changed
+            result = self.primary.lookup(key, req_context)
+            if not self.tiers:
+                return result
+            if result is not _MISS:
+                # What a request found stays protected from its own promotions until it finishes:
+                # evicting an earlier HIT of the same prefix would break its prepare_load.
+                self._found.setdefault(req_context.req_id, set()).add(key)
+                return result
+            ask_again = False
+            tiers = self.tiers
+            stats = self._jobs.stats
+            for index in indices:
+                stats[index].lookups += 1
+                try:
+                    held = tiers[index].lookup(key, req_context)
+                except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
+                    stats[index].lookup_errors += 1
+                    self._jobs.faults.report(
+                        tiers[index].name, "lookup", exc, "the key is a miss there"
+                    )
+                    continue
+                if held is True:
+                    answer = self._reserve_promotion(index, key, req_context)
+                    if answer is _PENDING:
+                        self._found.setdefault(req_context.req_id, set()).add(key)
+                    return answer
+                if held is None:
+                    ask_again = True
+            return _PENDING if ask_again else _MISS
+        finally:
+            entry.append(True)
 
     def _reserve_promotion(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         self._jobs.stats[index].lookup_hits += 1
@@ -209,6 +224,7 @@ class TieringOffloadingManager(OffloadingManager):
             self._errors.raise_pending()
         return _PENDING
 
+    @entry_guarded
     def on_schedule_end(self) -> None:
         """Tell every tier the step ended, submit the promotions queued this step, then
         collect finished tier jobs."""
@@ -230,6 +246,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     # -- stores and cascades --------------------------------------------------------------
 
+    @entry_guarded
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
@@ -258,6 +275,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    @entry_guarded
     def on_request_finished(self, req_context: ReqContext) -> None:
         check_context(req_context, "on_request_finished")  # before any tier is told
         self._submit_queued(req_context.req_id)
@@ -273,6 +291,7 @@ class TieringOffloadingManager(OffloadingManager):
         """Whether tier jobs or queued promotions are outstanding."""
         return bool(len(self._jobs) or self._queued)
 
+    @entry_guarded
     def drain(self, timeout: float | None = None) -> None:
         """Submit queued promotions and wait until every tier job has reported."""
         self._drain(timeout)
@@ -282,10 +301,12 @@ class TieringOffloadingManager(OffloadingManager):
         self._submit_queued()
         self._jobs.drain(self.drain_timeout if timeout is None else timeout)
 
+    @entry_guarded
     def take_events(self) -> list[OffloadingEvent]:
         """The whole stack's events since the last call, in the order they happened."""
         return self.primary.take_events()
 
+    @entry_guarded
     def reset_cache(self) -> None:
         """Cancel the queued promotions (never submitted), wait for every tier job in flight,
         then empty the CPU tier, so no promotion lands in the reset cache. Tier counters and
@@ -319,6 +340,7 @@ class TieringOffloadingManager(OffloadingManager):
     def tier_stats(self) -> list[TierStats]:
         return self._jobs.tier_stats()
 
+    @entry_guarded
     def shutdown(self) -> None:
         """Drain, shut the CPU tier down (tiers with hooks still hear its events), then every
         tier. Shutdown always completes; errors are reported after."""
