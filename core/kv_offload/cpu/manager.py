@@ -43,6 +43,15 @@ class CPUOffloadingManager(CPUManagerState):
     ``enable_events`` the manager records :class:`~kv_offload.OffloadingEvent` batches in
     :attr:`event_log` for :meth:`take_events`. Construction, introspection and whole-cache
     operations are in :class:`~kv_offload.cpu.state.CPUManagerState`.
+
+    Single-threaded: drive it from the scheduler's thread. Each request-flow method (and
+    ``pin``/``unpin``, ``take_events``, ``reset_cache``, ``shutdown``) takes the entry guard
+    of :mod:`kv_offload.concurrency` first, so a second thread, or a hook calling back into the
+    flow, gets :class:`~kv_offload.ConcurrentUseError` with nothing changed; the per-block and
+    per-request methods inline the guard (an extra call frame would cost more than the
+    guard), the rest use :func:`~kv_offload.concurrency.entry_guarded`. ``get_stats()``,
+    ``ref_count()``, ``block_id()`` and the ``num_*`` properties are lock-free reads, open to
+    hooks and other threads. Share it between threads with :func:`kv_offload.synchronized`.
     """
 
     # -- request lifecycle ----------------------------------------------------------------

@@ -55,6 +55,16 @@ class TieringOffloadingManager(OffloadingManager):
 
     ``backpressure`` is the default ``backpressure`` table of tiers that have no cascade gate
     of their own (a config's global ``[backpressure]``); ``None`` leaves them ungated.
+
+    Single-threaded like its CPU tier: every request-flow method, ``drain``, ``take_events``,
+    ``reset_cache`` and ``shutdown`` take the entry guard of :mod:`kv_offload.concurrency`
+    (and the CPU tier's own guard when they call it), so a second thread, or a hook calling
+    back into the flow (say from ``tier_job_finished``), gets
+    :class:`~kv_offload.ConcurrentUseError` with nothing changed. ``get_stats()``,
+    ``cpu_stats()``, ``tier_stats()`` and ``has_pending_work()`` are lock-free reads. Tiers
+    never call the manager: their threads touch only the CPU buffer rows of their jobs, and
+    results are collected here, on the scheduler's thread. Share the stack between threads
+    with :func:`kv_offload.synchronized`.
     """
 
     def __init__(
