@@ -547,6 +547,17 @@ CONFIG_CASES = [
     ("hooks enable not a list", {"num_blocks": 8, "hooks": {"enable": 5}}, "enable"),
     ("unknown hooks key", {"num_blocks": 8, "hooks": {"enabel": []}}, "enabel"),
     ("negative block size", {"num_blocks": 8, "block_size_bytes": -64}, "block_size_bytes"),
+    (
+        "detector module_path with allow_module_path = false",
+        {
+            "allow_module_path": False,
+            "num_blocks": 8,
+            "block_size_bytes": 64,
+            "backpressure": {"detector": "D", "detector_module_path": "kvo_d"},
+            "tiers": [{"type": "example"}],
+        },
+        "backpressure.detector_module_path",
+    ),
 ]
 
 

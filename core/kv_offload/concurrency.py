@@ -28,6 +28,7 @@ import functools
 import sys
 import threading
 from collections.abc import Callable, Collection
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from .base import OffloadingManager
@@ -105,11 +106,14 @@ def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
 
 def _outer_call(manager: object) -> str | None:
     """The manager method running further up this thread's stack, if any."""
-    frame = sys._getframe(3)  # skip this, concurrent_use_error and the refused call
+    try:
+        frame: FrameType | None = sys._getframe(3)  # skip this, the error and the refused call
+    except ValueError:  # the refused call was the bottom of the stack
+        return None
     while frame is not None:
         if frame.f_code.co_name != "guarded" and frame.f_locals.get("self") is manager:
             return frame.f_code.co_name
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return None
 
 

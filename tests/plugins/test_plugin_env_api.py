@@ -17,6 +17,7 @@ from kv_offload import (
     OffloadingConfig,
     SecondaryTierFactory,
     create_plugin_manager,
+    load_config,
 )
 from kv_offload.config_env import EnvironmentOverrideWarning
 from kv_offload.plugins import loading as hooks_module
@@ -214,4 +215,27 @@ def test_env_forbids_a_backpressure_detector_module_path(
             build_gate(table, "disk", Locality.LOCAL)
         assert f"{key}_module_path={name!r}" in str(info.value)
         assert "KV_OFFLOAD_ALLOW_MODULE_PATH=0" in str(info.value)
+    assert name not in sys.modules
+
+
+@pytest.mark.parametrize("where", ["global", "tier"])
+def test_allow_module_path_false_forbids_backpressure_module_paths(
+    make_module: ModuleFactory, tmp_path: Path, where: str
+) -> None:
+    """``allow_module_path = false`` forbids *every* ``module_path`` import, these too (they
+    were imported before)."""
+    name = make_module(DETECTOR_MODULE)
+    table = f'detector = "MyDetector"\ndetector_module_path = "{name}"\n'
+    path = tmp_path / "stack.toml"
+    if where == "global":
+        text = f'[backpressure]\n{table}\n[[tiers]]\ntype = "example"\n'
+    else:
+        text = f'[[tiers]]\ntype = "example"\n[tiers.backpressure]\n{table}'
+    path.write_text("allow_module_path = false\nnum_blocks = 8\nblock_size_bytes = 64\n" + text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "detector_module_path" in message and "allow_module_path = false" in message
+    line = 6 if where == "global" else 8
+    assert f"stack.toml:{line}" in message
     assert name not in sys.modules
