@@ -15,6 +15,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import pytest
@@ -29,10 +31,12 @@ from kv_offload import (
     OffloadingManager,
     ReqContext,
     TieringOffloadingManager,
+    build_manager,
     create_plugin_manager,
     hookimpl,
     synchronized,
 )
+from kv_offload.replay import replay
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, PENDING = LookupResult.HIT, LookupResult.PENDING
@@ -265,3 +269,50 @@ def test_second_thread_on_the_tiered_manager_is_refused() -> None:
         release.set()
         worker.join(10)
     assert manager.lookup(key(1), ctx) is HIT
+
+
+def test_tier_threads_never_call_the_manager(tmp_path: Path) -> None:
+    """A replay through the fs tier (real I/O threads): every call into a manager method comes
+    from the driving thread. ``threading.setprofile`` watches every thread started after it."""
+    from kv_offload.cpu.state import CPUManagerState
+
+    codes = set()
+    for cls in (CPUOffloadingManager, CPUManagerState, TieringOffloadingManager):
+        for value in vars(cls).values():
+            function = getattr(value, "__wrapped__", value)
+            if hasattr(function, "__code__"):
+                codes.add(function.__code__)
+    driver = threading.current_thread()
+    foreign: list[str] = []
+    seen_threads: set[str] = set()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            seen_threads.add(threading.current_thread().name)
+            if frame.f_code in codes and threading.current_thread() is not driver:
+                foreign.append(f"{threading.current_thread().name}: {frame.f_code.co_name}")
+
+    threading.setprofile(profile)
+    try:
+        manager = build_manager(
+            {
+                "num_blocks": 32,
+                "block_size_bytes": 256,
+                "tiers": [{"type": "fs", "root_dir": str(tmp_path), "capacity_blocks": 500}],
+            }
+        )
+        # Two passes over 120 keys through 32 CPU slots: the second pass promotes.
+        windows = [[key(j) for j in range(i, i + 6)] for i in range(0, 120, 6)] * 2
+        requests = [(ReqContext(f"r{i}"), keys) for i, keys in enumerate(windows)]
+        results = []
+        for request in requests:  # each step's cascades land before the next: room to evict
+            results.append(replay(manager, [request], data_plane=True))
+            manager.drain()
+        tier = manager.get_stats().tiers[0]
+        manager.shutdown()
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert sum(r.corrupted_blocks for r in results) == 0
+    assert tier.cascaded_blocks > 0 and tier.promoted_blocks > 0  # both directions ran
+    assert seen_threads - {driver.name}, "the fs tier's I/O threads did not run"
+    assert foreign == []
