@@ -165,12 +165,13 @@ class SynchronizedManager(OffloadingManager):
                 f"synchronized() takes an OffloadingManager (CPUOffloadingManager, "
                 f"TieringOffloadingManager, build_manager(...)), got {type(manager).__name__}"
             )
+        #: The lock every forwarded call holds (re-entrant; shared by wrappers of a wrapper).
+        self.lock: threading.RLock = threading.RLock()
         if isinstance(manager, SynchronizedManager):
+            self.lock = manager.lock
             manager = manager.wrapped
         #: The manager every call is forwarded to.
         self.wrapped = manager
-        #: The lock every forwarded call holds (re-entrant).
-        self.lock = threading.RLock()
         self.kv_buffer = manager.kv_buffer  # fixed at construction in every manager
         self.plugin_manager = manager.plugin_manager
 
@@ -267,7 +268,9 @@ def synchronized(manager: OffloadingManager) -> SynchronizedManager:
     """``manager`` behind one re-entrant lock: any number of threads may call it.
 
     For callers that share a manager between threads; the scheduler's own thread needs no
-    wrapper (see :mod:`kv_offload.concurrency`). Wrapping a wrapped manager returns a new
-    wrapper around the same manager (one lock is all it needs).
+    wrapper (see :mod:`kv_offload.concurrency`). A manager already wrapped is returned as it
+    is: one lock per manager is what serialises its callers.
     """
+    if isinstance(manager, SynchronizedManager):
+        return manager
     return SynchronizedManager(manager)

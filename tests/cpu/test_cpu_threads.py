@@ -328,7 +328,9 @@ def test_synchronized_hook_calling_back_gets_an_error_not_a_deadlock(policy: str
 def test_synchronized_forwards_the_whole_manager(policy: str) -> None:
     inner = CPUOffloadingManager(4, cache_policy=policy, block_size_bytes=16)
     shared = synchronized(inner)
-    assert synchronized(shared).wrapped is inner  # one wrapper level is enough
+    assert synchronized(shared) is shared  # one lock per manager
+    again = SynchronizedManager(shared)
+    assert again.wrapped is inner and again.lock is shared.lock
     assert shared.kv_buffer is inner.kv_buffer and shared.plugin_manager is inner.plugin_manager
     store(shared, [k(1)])  # type: ignore[arg-type]
     assert shared.ref_count(k(1)) == 0  # not in the interface: forwarded, under the lock
