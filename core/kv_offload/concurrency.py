@@ -25,6 +25,8 @@ exactly one caller gets the token, at about 40 ns a call (a ``_thread.lock``'s
 from __future__ import annotations
 
 import functools
+import inspect
+import linecache
 import sys
 import threading
 from collections.abc import Callable, Collection
@@ -111,31 +113,64 @@ def _outer_call(manager: object) -> str | None:
     except ValueError:  # the refused call was the bottom of the stack
         return None
     while frame is not None:
-        if frame.f_code.co_name != "guarded" and frame.f_locals.get("self") is manager:
+        if frame.f_locals.get("self") is manager:
             return frame.f_code.co_name
         frame = frame.f_back
     return None
 
 
+#: The wrapper entry_guarded() compiles per method: the method's own parameters (no
+#: ``*args``/``**kwargs`` repacking: measured at about 200 ns a call, the guard itself ~25 ns).
+_WRAPPER = """\
+def {name}({params}):
+    entry = {self}._entry
+    try:
+        entry.pop()
+    except IndexError:
+        raise concurrent_use_error({self}, {name!r}) from None
+    try:
+        return method({args})
+    finally:
+        entry.append(True)
+"""
+
+
 def entry_guarded(
     method: Callable[Concatenate[G, P], R],
 ) -> Callable[Concatenate[G, P], R]:
-    """``method`` behind the manager's entry guard (for methods called at most a few times a
-    request; the per-block ones inline the same four lines to save the extra call)."""
+    """``method`` behind the manager's entry guard, as a wrapper with ``method``'s own
+    signature (the per-block and per-request methods inline the same lines instead)."""
     name = method.__name__
-
-    @functools.wraps(method)
-    def guarded(self: G, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        entry = self._entry
-        try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, name) from None
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            entry.append(_TOKEN)
-
+    params, args = [], []
+    namespace: dict[str, Any] = {"method": method, "concurrent_use_error": concurrent_use_error}
+    star = False
+    for param in inspect.signature(method).parameters.values():
+        default = ""
+        if param.default is not param.empty:
+            namespace[f"_default_{param.name}"] = param.default
+            default = f"=_default_{param.name}"
+        if param.kind is param.VAR_POSITIONAL:
+            params.append(f"*{param.name}")
+            args.append(f"*{param.name}")
+            star = True
+        elif param.kind is param.VAR_KEYWORD:
+            params.append(f"**{param.name}")
+            args.append(f"**{param.name}")
+        elif param.kind is param.KEYWORD_ONLY:
+            if not star:
+                params.append("*")
+                star = True
+            params.append(param.name + default)
+            args.append(f"{param.name}={param.name}")
+        else:
+            params.append(param.name + default)
+            args.append(param.name)
+    first = next(iter(inspect.signature(method).parameters))
+    source = _WRAPPER.format(name=name, self=first, params=", ".join(params), args=", ".join(args))
+    filename = f"<entry guard of {method.__qualname__}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), namespace)
+    guarded: Callable[Concatenate[G, P], R] = functools.update_wrapper(namespace[name], method)
     return guarded
 
 
