@@ -341,3 +341,31 @@ def test_synchronized_forwards_the_whole_manager(policy: str) -> None:
         shared.lookup(k(1), CTX)
     with pytest.raises(KVOffloadError, match="OffloadingManager"):
         synchronized(object())  # type: ignore[arg-type]
+
+
+def test_entry_guarded_keeps_the_signature() -> None:
+    """The guard wrapper is compiled with the method's own parameters (positional defaults,
+    keyword-only ones, ``*args``/``**kwargs``), so a new keyword passes through unchanged."""
+    import inspect
+
+    from kv_offload.concurrency import entry_guarded, new_entry_token
+
+    class Thing:
+        def __init__(self) -> None:
+            self._entry = new_entry_token()
+
+        @entry_guarded
+        def call(self, a: int, b: int = 2, *rest: int, c: int = 3, **more: int) -> tuple:
+            """Doc."""
+            return a, b, rest, c, more
+
+    thing = Thing()
+    assert thing.call(1) == (1, 2, (), 3, {})
+    assert thing.call(1, 5, 6, 7, c=8, d=9) == (1, 5, (6, 7), 8, {"d": 9})
+    assert Thing.call.__doc__ == "Doc."
+    assert str(inspect.signature(Thing.call)) == str(
+        inspect.signature(Thing.call.__wrapped__)  # type: ignore[attr-defined]
+    )
+    thing._entry.pop()  # held, as by another thread
+    with pytest.raises(ConcurrentUseError, match=r"Thing\.call\(\) was called while another"):
+        thing.call(1)
