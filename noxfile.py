@@ -146,6 +146,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/ceiling.py")
     session.run("python", "benchmarks/memory.py")
     session.run("python", "benchmarks/dataplane.py")
+    session.run("python", "benchmarks/guard_overhead.py")
     session.run("python", "benchmarks/hooks_overhead.py")
     session.run("python", "benchmarks/prometheus_overhead.py")
     session.run("python", "benchmarks/fs_tier.py")

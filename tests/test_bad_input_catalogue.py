@@ -9,8 +9,10 @@ on stderr naming the problem, and nothing on stdout.
 
 from __future__ import annotations
 
+import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 from kv_offload import (
     CachePolicyFactory,
+    ConcurrentUseError,
     ConfigError,
     CPUOffloadingManager,
     InvalidArgumentError,
@@ -32,6 +35,7 @@ from kv_offload import (
     SecondaryTierFactory,
     TieringOffloadingManager,
     build_manager,
+    create_plugin_manager,
     make_offload_key,
 )
 from test_cli import assert_one_line_error, kvo
@@ -119,7 +123,39 @@ class Case:
     names: str
 
 
+def while_held(call: Callable[[Any], object]) -> Callable[[Any], object]:
+    """``call`` while the manager's entry guard is taken, as when another thread is inside
+    one of its calls (tests/cpu/test_cpu_threads.py does it with a real thread)."""
+
+    def run(manager: Any) -> object:
+        manager._entry.pop()
+        try:
+            return call(manager)
+        finally:
+            manager._entry.append(True)
+
+    return run
+
+
 MANAGER_CASES = [
+    Case(
+        "lookup while another thread is inside",
+        while_held(lambda m: m.lookup(IDLE, CTX)),
+        ConcurrentUseError,
+        "lookup() was called while another thread",
+    ),
+    Case(
+        "store while another thread is inside",
+        while_held(lambda m: m.prepare_store([k(7)], CTX)),
+        ConcurrentUseError,
+        "prepare_store() was called while another thread",
+    ),
+    Case(
+        "complete load while another thread is inside",
+        while_held(lambda m: m.complete_load([PINNED], CTX)),
+        ConcurrentUseError,
+        "kv_offload.synchronized(manager)",
+    ),
     Case("lookup unhashable key", lambda m: m.lookup([1], CTX), InvalidKeyError, "[1]"),
     Case("lookup without context", lambda m: m.lookup(IDLE, None), InvalidArgumentError, "None"),
     Case("lookup str context", lambda m: m.lookup(IDLE, "req"), InvalidArgumentError, "req"),
@@ -353,7 +389,87 @@ def test_plugin_manager_of_the_wrong_type() -> None:
         CPUOffloadingManager(4, plugin_manager=object())  # type: ignore[arg-type]
 
 
+@contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
+def under(name: str, value: str, call: Callable[[], object]) -> Callable[[], object]:
+    """``call`` with the environment variable ``name`` set to ``value``."""
+
+    def run() -> object:
+        with environment(name, value):
+            return call()
+
+    return run
+
+
 VALUE_CASES = [
+    (
+        "policy module_path forbidden by the environment",
+        under(
+            "KV_OFFLOAD_ALLOW_MODULE_PATH",
+            "0",
+            lambda: CPUOffloadingManager(8, cache_policy="Mine", cache_policy_module_path="kvo_x"),
+        ),
+        ConfigError,
+        "cache_policy_module_path='kvo_x'",
+    ),
+    (
+        "tier module_path forbidden by the environment",
+        under(
+            "KV_OFFLOAD_ALLOW_MODULE_PATH",
+            "false",
+            lambda: SecondaryTierFactory.get_tier_class({"type": "T", "module_path": "kvo_t"}),
+        ),
+        ConfigError,
+        "module_path='kvo_t'",
+    ),
+    (
+        "module_path switch not a boolean",
+        under(
+            "KV_OFFLOAD_ALLOW_MODULE_PATH",
+            "sometimes",
+            lambda: CachePolicyFactory.get_cache_policy_cls("Mine", "kvo_x"),
+        ),
+        ConfigError,
+        "KV_OFFLOAD_ALLOW_MODULE_PATH='sometimes'",
+    ),
+    (
+        "autoload switch not a boolean",
+        under("KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD", "maybe", create_plugin_manager),
+        ConfigError,
+        "KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD='maybe'",
+    ),
+    (
+        "detector module_path forbidden by the environment",
+        under(
+            "KV_OFFLOAD_ALLOW_MODULE_PATH",
+            "0",
+            lambda: build_manager(
+                {
+                    "num_blocks": 8,
+                    "block_size_bytes": 64,
+                    "tiers": [
+                        {
+                            "type": "example",
+                            "backpressure": {"detector": "D", "detector_module_path": "kvo_d"},
+                        }
+                    ],
+                }
+            ),
+        ),
+        ConfigError,
+        "detector_module_path",
+    ),
     ("key from str", lambda: make_offload_key("abc"), InvalidKeyError, "'abc'"),
     ("key from None", lambda: make_offload_key(None), InvalidKeyError, "None"),  # type: ignore[arg-type]
     ("key over 64 bits", lambda: make_offload_key(2**64), InvalidKeyError, str(2**64)),
@@ -520,6 +636,17 @@ CONFIG_CASES = [
     ("bool store threshold", {"num_blocks": 8, "store_threshold": True}, "store_threshold"),
     ("zero tracker size", {"num_blocks": 8, "max_tracker_size": 0}, "max_tracker_size"),
     ("str tracker size", {"num_blocks": 8, "max_tracker_size": "64k"}, "max_tracker_size"),
+    (
+        "detector module_path with allow_module_path = false",
+        {
+            "allow_module_path": False,
+            "num_blocks": 8,
+            "block_size_bytes": 64,
+            "backpressure": {"detector": "D", "detector_module_path": "kvo_d"},
+            "tiers": [{"type": "example"}],
+        },
+        "backpressure.detector_module_path",
+    ),
 ]
 
 

@@ -8,9 +8,11 @@ from .base import OffloadingManager
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
 from .build import build_manager
+from .concurrency import SynchronizedManager, synchronized
 from .config import StackConfig, load_config
 from .cpu import CPUOffloadingManager
 from .errors import (
+    ConcurrentUseError,
     ConfigError,
     DuplicateRegistrationError,
     HookError,
@@ -89,6 +91,7 @@ __all__ = [
     "TierStats",
     "CachePolicy",
     "CachePolicyFactory",
+    "ConcurrentUseError",
     "ConfigError",
     "create_plugin_manager",
     "CPULoadStoreSpec",
@@ -124,6 +127,8 @@ __all__ = [
     "PluginValidationError",
     "PrepareStoreOutput",
     "ReqContext",
+    "synchronized",
+    "SynchronizedManager",
     "BackpressureDetector",
     "DropPolicy",
     "Locality",

@@ -43,6 +43,14 @@ class OffloadingManager(ABC):
     :class:`~kv_offload.ManagerError` leaves the manager as it was. A hook plugin that raises
     in an event hook is reported as :class:`~kv_offload.HookError` after the call's effect
     took place (see :mod:`kv_offload.plugins.dispatch`).
+
+    Threads: a manager is driven by one thread (the scheduler's) and takes no lock. The
+    request-flow and whole-cache methods detect a second entry while a call runs, from
+    another thread or from a hook plugin calling back on the same thread, and raise
+    :class:`~kv_offload.ConcurrentUseError` before anything changed. The stats reads
+    (:meth:`get_stats`, :meth:`cpu_stats`, :meth:`tier_stats`) take no guard and may be
+    called from hooks and other threads. Callers that truly share a manager wrap it with
+    :func:`kv_offload.synchronized`. See :mod:`kv_offload.concurrency`.
     """
 
     #: The KV bytes of the CPU tier, when the manager owns them.

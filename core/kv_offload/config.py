@@ -235,7 +235,7 @@ def parse_config(
             at=("tiers", 0),
         )
     if not top["allow_module_path"]:
-        _forbid_module_paths(v, top["policy_module_path"], tiers)
+        _forbid_module_paths(v, top["policy_module_path"], tiers, data)
     return StackConfig(**top, hooks=hooks, tiers=tuple(tiers), source=source)
 
 
@@ -271,7 +271,7 @@ def _parse_tiers(
 
 
 def _forbid_module_paths(
-    v: Validator, policy_module_path: str | None, tiers: list[TierConfig]
+    v: Validator, policy_module_path: str | None, tiers: list[TierConfig], data: Mapping[str, Any]
 ) -> None:
     if policy_module_path is not None:
         raise v.fail(
@@ -285,6 +285,21 @@ def _forbid_module_paths(
                 ("tiers", index, "module_path"),
                 "module_path imports are forbidden by allow_module_path = false",
             )
+    # The backpressure tables name detector and drop-policy classes the same way.
+    raw_tiers = data.get("tiers")
+    tables: list[tuple[tuple[Any, ...], Any]] = [(("backpressure",), data.get("backpressure"))]
+    if isinstance(raw_tiers, list):
+        tables += [
+            (("tiers", i, "backpressure"), t.get("backpressure"))
+            for i, t in enumerate(raw_tiers)
+            if isinstance(t, Mapping)
+        ]
+    for path, table in tables:
+        for key in ("detector_module_path", "drop_policy_module_path"):
+            if isinstance(table, Mapping) and table.get(key) is not None:
+                raise v.fail(
+                    (*path, key), "module_path imports are forbidden by allow_module_path = false"
+                )
 
 
 def load_config(config: Mapping[str, Any] | str | Path | StackConfig) -> StackConfig:

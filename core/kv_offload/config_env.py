@@ -9,27 +9,25 @@ the last word over what a config file asks for.
   ever narrows what loads, and a blocked name wins over an enabled one). Each override of
   something the config set is reported with an :class:`EnvironmentOverrideWarning`.
 
-Booleans read ``1 true yes on`` and ``0 false no off`` (any case; empty counts as unset);
-anything else is a :class:`~kv_offload.ConfigError` naming the variable.
+The variables are read by :mod:`kv_offload.plugins.env`, the same way for a stack built
+without a config (:func:`~kv_offload.create_plugin_manager`, ``cache_policy_module_path``).
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from .errors import ConfigError
-from .hooks import (
-    ALLOW_ENV,
-    AUTOLOAD_DISABLE_ENV,
-    BLOCK_ENV,
-    HOOK_ENTRY_POINT_GROUP,
-    KVOffloadPluginManager,
-    create_plugin_manager,
+from .hooks import HOOK_ENTRY_POINT_GROUP, KVOffloadPluginManager
+from .plugins.env import (
+    ALLOW_MODULE_PATH_ENV,
+    EnvironmentOverrideWarning,
+    env_flag,
+    hook_env,
+    module_path_forbidden_by_env,
 )
 
 __all__ = [
@@ -40,40 +38,6 @@ __all__ = [
     "module_path_forbidden_by_env",
     "select_hooks",
 ]
-
-ALLOW_MODULE_PATH_ENV = "KV_OFFLOAD_ALLOW_MODULE_PATH"
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-class EnvironmentOverrideWarning(UserWarning):
-    """An environment variable overrode what the config file asked for."""
-
-
-def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool | None:
-    """The boolean environment variable ``name``, or ``None`` when it is unset or empty."""
-    raw = (os.environ if environ is None else environ).get(name, "").strip()
-    if not raw:
-        return None
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise ConfigError(
-        f"environment variable {name}={raw!r}: must be one of "
-        f"{', '.join(sorted(_TRUE | _FALSE))} (or unset)",
-        key=name,
-    )
-
-
-def module_path_forbidden_by_env(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``KV_OFFLOAD_ALLOW_MODULE_PATH`` forbids ``module_path`` imports."""
-    return env_flag(ALLOW_MODULE_PATH_ENV, environ) is False
-
-
-def _names(raw: str | None) -> frozenset[str]:
-    return frozenset(n.strip() for n in (raw or "").split(",") if n.strip())
 
 
 @dataclass(frozen=True)
@@ -103,7 +67,9 @@ class HookSelection:
     ) -> KVOffloadPluginManager:
         """A plugin manager holding exactly the selected plugins (``settings``: the
         ``[hooks.<name>]`` tables of those that take settings)."""
-        pm = create_plugin_manager(autoload=False, block=self.block)
+        pm = KVOffloadPluginManager()  # not create_plugin_manager: the environment had its say
+        for name in self.block:
+            pm.set_blocked(name)
         if self.autoload:
             pm.load_entry_points(self.allow, self.block, settings)
         return pm
@@ -120,33 +86,5 @@ def select_hooks(
     environ: Mapping[str, str] | None = None,
 ) -> HookSelection:
     """The hook selection of a config's ``[hooks]`` table under the environment's precedence."""
-    env = os.environ if environ is None else environ
-    enable = frozenset(enable)
-    overrides: list[str] = []
-    disabled = env_flag(AUTOLOAD_DISABLE_ENV, env)
-    if disabled is not None:
-        if disabled and (autoload or enable):
-            what = f"[hooks] enable = {sorted(enable)}" if enable else "[hooks] autoload = true"
-            overrides.append(f"{AUTOLOAD_DISABLE_ENV}={env[AUTOLOAD_DISABLE_ENV]} overrides {what}")
-        elif not disabled and not autoload:
-            overrides.append(
-                f"{AUTOLOAD_DISABLE_ENV}={env[AUTOLOAD_DISABLE_ENV]} overrides "
-                "[hooks] autoload = false"
-            )
-        autoload = not disabled
-    allow: frozenset[str] | None = enable or None
-    env_allow = _names(env.get(ALLOW_ENV))
-    if env_allow:
-        if enable and enable != env_allow:
-            overrides.append(
-                f"{ALLOW_ENV}={env[ALLOW_ENV]} overrides [hooks] enable = {sorted(enable)}"
-            )
-        allow = env_allow
-    env_block = _names(env.get(BLOCK_ENV))
-    blocked = frozenset(block) | env_block
-    if enable & env_block and not env_allow:
-        overrides.append(
-            f"{BLOCK_ENV}={env[BLOCK_ENV]} blocks {sorted(enable & env_block)} "
-            "that [hooks] enable names"
-        )
-    return HookSelection(autoload, allow, blocked, tuple(overrides))
+    env = hook_env(autoload, enable, block, environ=environ)
+    return HookSelection(env.autoload, env.allow, env.block, env.overrides)

@@ -14,6 +14,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidKeyError",
     "KeyStateError",
+    "ConcurrentUseError",
     "PluginError",
     "PluginNotFoundError",
     "PluginImportError",
@@ -63,6 +64,24 @@ class KeyStateError(ManagerError):
         super().__init__(message)
         self.key = key
         self.operation = operation
+
+
+class ConcurrentUseError(ManagerError):
+    """A manager was entered while a call of it was still running: from another thread (two
+    threads drive one manager: use one thread, or ``kv_offload.synchronized(manager)``), or
+    from a hook plugin on the same thread (``reentrant``). Raised before anything changed.
+
+    ``method`` is the refused method, ``manager`` the manager's class name.
+    """
+
+    def __init__(
+        self, message: str, *, method: str = "", manager: str = "", reentrant: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.method = method
+        self.manager = manager
+        #: Whether the running call is on the same thread (a hook called the manager back).
+        self.reentrant = reentrant
 
 
 class PluginError(KVOffloadError):

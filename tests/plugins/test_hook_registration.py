@@ -29,6 +29,7 @@ from kv_offload import (
     get_plugin_manager,
     hookimpl,
 )
+from kv_offload.config_env import EnvironmentOverrideWarning
 from kv_offload.plugins import BrokenPluginWarning
 from kv_offload.plugins import loading as hooks_module
 from kv_offload_example_tier import ExampleSecondaryTierManager
@@ -289,12 +290,14 @@ def test_env_allow_list(fake_entry_points: dict[str, str], monkeypatch: pytest.M
     assert loaded(pm, fake_entry_points) == {"alpha": (False, False), "beta": (True, True)}
 
 
-def test_allow_argument_adds_to_the_env_allow_list(
+def test_env_allow_list_replaces_the_allow_argument(
     fake_entry_points: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The environment's list is final (issue 10, item 7): it never widens to ``allow=``."""
     monkeypatch.setenv("KV_OFFLOAD_PLUGINS", "beta")
-    pm = create_plugin_manager(allow=["alpha"])
-    assert loaded(pm, fake_entry_points) == {"alpha": (True, True), "beta": (True, True)}
+    with pytest.warns(EnvironmentOverrideWarning, match=r"KV_OFFLOAD_PLUGINS=beta overrides "):
+        pm = create_plugin_manager(allow=["alpha"])
+    assert loaded(pm, fake_entry_points) == {"alpha": (False, False), "beta": (True, True)}
 
 
 def test_env_block_list_never_imports(

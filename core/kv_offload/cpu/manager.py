@@ -17,6 +17,7 @@ from bisect import bisect_left
 from collections.abc import Collection
 
 from ..block_status import BlockStatus
+from ..concurrency import concurrent_use_error, entry_guarded, unguarded
 from ..errors import PluginError
 from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
@@ -44,25 +45,50 @@ class CPUOffloadingManager(CPUManagerState):
     ``enable_events`` the manager records :class:`~kv_offload.OffloadingEvent` batches in
     :attr:`event_log` for :meth:`take_events`. Construction, introspection and whole-cache
     operations are in :class:`~kv_offload.cpu.state.CPUManagerState`.
+
+    Single-threaded: drive it from the scheduler's thread. Each request-flow method (and
+    ``pin``/``unpin``, ``take_events``, ``reset_cache``, ``shutdown``) takes the entry guard
+    of :mod:`kv_offload.concurrency` first, so a second thread, or a hook calling back into the
+    flow, gets :class:`~kv_offload.ConcurrentUseError` with nothing changed; the per-block and
+    per-request methods inline the guard (an extra call frame would cost more than the
+    guard), the rest use :func:`~kv_offload.concurrency.entry_guarded`. ``get_stats()``,
+    ``ref_count()``, ``block_id()`` and the ``num_*`` properties are lock-free reads, open to
+    hooks and other threads. Share it between threads with :func:`kv_offload.synchronized`.
     """
 
     # -- request lifecycle ----------------------------------------------------------------
 
     def on_new_request(self, req_context: ReqContext) -> None:
-        if self._closed:
-            raise check.closed_error("on_new_request")
-        if getattr(req_context, "req_id", None) is None:
-            check.check_context(req_context, "on_new_request")
-        if (hook := self.hooks.request_started) is not None:
-            hook(manager=self, req_context=req_context)
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "on_new_request") from None
+        try:
+            if self._closed:
+                raise check.closed_error("on_new_request")
+            if getattr(req_context, "req_id", None) is None:
+                check.check_context(req_context, "on_new_request")
+            if (hook := self.hooks.request_started) is not None:
+                hook(manager=self, req_context=req_context)
+        finally:
+            entry.append(True)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        if getattr(req_context, "req_id", None) is None:
-            check.check_context(req_context, "on_request_finished")
-        if self._on_request_finished is not None:
-            self._on_request_finished(req_context)
-        if (hook := self.hooks.request_finished) is not None:
-            hook(manager=self, req_context=req_context)
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "on_request_finished") from None
+        try:
+            if getattr(req_context, "req_id", None) is None:
+                check.check_context(req_context, "on_request_finished")
+            if self._on_request_finished is not None:
+                self._on_request_finished(req_context)
+            if (hook := self.hooks.request_finished) is not None:
+                hook(manager=self, req_context=req_context)
+        finally:
+            entry.append(True)
 
     def on_schedule_end(self) -> None:
         """End of a scheduler step; nothing is deferred in the CPU-only manager."""
@@ -98,42 +124,67 @@ class CPUOffloadingManager(CPUManagerState):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is loadable now, ``PENDING`` if its store is in flight."""
+        entry = self._entry
         try:
-            req_id = req_context.req_id
-            block = self._get(key)
-        except (AttributeError, TypeError):
-            check.check_context(req_context, "lookup")
-            raise check.bad_batch([key], "lookup") from None
-        if req_id is None:
-            check.check_context(req_context, "lookup")
-        counters = self.counters
-        if block is None:
-            if self._closed:  # the cache is empty after shutdown: only misses pay the check
-                raise check.closed_error("lookup")
-            counters.misses += 1
-            return _MISS
-        if self._refs[block] < 0:
-            counters.pending_lookups += 1
-            return _PENDING
-        counters.hits += 1
-        return _HIT
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "lookup") from None
+        try:
+            try:
+                req_id = req_context.req_id
+                block = self._get(key)
+            except (AttributeError, TypeError):
+                check.check_context(req_context, "lookup")
+                raise check.bad_batch([key], "lookup") from None
+            if req_id is None:
+                check.check_context(req_context, "lookup")
+            counters = self.counters
+            if block is None:
+                if self._closed:  # the cache is empty after shutdown: only misses pay the check
+                    raise check.closed_error("lookup")
+                counters.misses += 1
+                return _MISS
+            if self._refs[block] < 0:
+                counters.pending_lookups += 1
+                return _PENDING
+            counters.hits += 1
+            return _HIT
+        finally:
+            entry.append(True)
 
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
-        spec = CPULoadStoreSpec(self.pin(keys, req_context, "prepare_load"))
-        if self._on_request_access is not None:
-            self._on_request_access(keys if type(keys) is list else list(keys), req_context)
-        return spec
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "prepare_load") from None
+        try:
+            spec = CPULoadStoreSpec(self._pin(keys, req_context, "prepare_load"))
+            if self._on_request_access is not None:
+                self._on_request_access(keys if type(keys) is list else list(keys), req_context)
+            return spec
+        finally:
+            entry.append(True)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
-        key_list = keys if type(keys) is list else check.as_list(keys, "complete_load")
-        self.counters.loaded += self.unpin(key_list, req_context, "complete_load")
-        if (hook := self.hooks.blocks_loaded) is not None:
-            hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
+        entry = self._entry
+        try:
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "complete_load") from None
+        try:
+            key_list = keys if type(keys) is list else check.as_list(keys, "complete_load")
+            self.counters.loaded += self._unpin(key_list, req_context, "complete_load")
+            if (hook := self.hooks.blocks_loaded) is not None:
+                hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
+        finally:
+            entry.append(True)
 
+    @entry_guarded
     def pin(
         self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "pin"
     ) -> list[BlockStatus]:
@@ -158,6 +209,9 @@ class CPUOffloadingManager(CPUManagerState):
                     self._mark_non_evictable(key)
         return pinned
 
+    _pin = unguarded(pin)  # for prepare_load, which holds the entry guard
+
+    @entry_guarded
     def unpin(
         self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "unpin"
     ) -> int:
@@ -180,21 +234,32 @@ class CPUOffloadingManager(CPUManagerState):
                     self._mark_evictable(key)
         return len(key_list)
 
+    _unpin = unguarded(unpin)  # for complete_load, which holds the entry guard
+
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Mark blocks as recently used; keys not in the CPU tier are ignored."""
-        if getattr(req_context, "req_id", None) is None:
-            check.check_context(req_context, "touch")
-        key_list = keys if type(keys) is list else check.as_list(keys, "touch")
+        entry = self._entry
         try:
-            unique = len(set(key_list)) == len(key_list)
-        except TypeError:
-            unique = False
-        if not unique:
-            raise check.bad_batch(key_list, "touch")
-        self._policy.touch(key_list, req_context)
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "touch") from None
+        try:
+            if getattr(req_context, "req_id", None) is None:
+                check.check_context(req_context, "touch")
+            key_list = keys if type(keys) is list else check.as_list(keys, "touch")
+            try:
+                unique = len(set(key_list)) == len(key_list)
+            except TypeError:
+                unique = False
+            if not unique:
+                raise check.bad_batch(key_list, "touch")
+            self._policy.touch(key_list, req_context)
+        finally:
+            entry.append(True)
 
     # -- stores ---------------------------------------------------------------------------
 
+    @entry_guarded
     def prepare_store(
         self,
         keys: Collection[OffloadKey],
@@ -278,6 +343,7 @@ class CPUOffloadingManager(CPUManagerState):
             self._errors.raise_pending(output)  # the slots are allocated: use them
         return output
 
+    @entry_guarded
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
+from ..concurrency import entry_guarded, new_entry_token, unguarded
 from ..errors import ConfigError, InvalidArgumentError, KVOffloadError, PluginError
 from ..events import EventLog
 from ..keys import OffloadKey
@@ -195,6 +196,7 @@ class CPUManagerState(OffloadingManager):
         #: The stack's ordered event log (``None`` unless ``enable_events``).
         self.event_log: EventLog | None = EventLog() if enable_events else None
         self._closed = False
+        self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
         self.counters = Counters()
         self._errors = HookErrorLog()
         self.plugin_manager, self.hooks, self._own_plugins = plugin_setup(plugin_manager, policy)
@@ -225,6 +227,7 @@ class CPUManagerState(OffloadingManager):
 
     # -- whole-cache operations -----------------------------------------------------------
 
+    @entry_guarded
     def take_events(self) -> list[OffloadingEvent]:
         """The events recorded since the last call (empty unless ``enable_events``); a failed
         store's metadata-only removal is left out for keys stored again since."""
@@ -237,6 +240,7 @@ class CPUManagerState(OffloadingManager):
         only the CPU tier's failed stores are metadata-only removals."""
         return medium == MEDIUM_CPU and self._policy.get(key) is not None
 
+    @entry_guarded
     def reset_cache(self) -> None:
         """Drop every block, pinned and pending ones included; counters restart at zero.
 
@@ -252,6 +256,8 @@ class CPUManagerState(OffloadingManager):
         if (hook := self.hooks.cache_reset) is not None:
             hook(manager=self)
 
+    _reset_cache = unguarded(reset_cache)
+
     def get_stats(self) -> OffloadingStats:
         return self.counters.snapshot(self.num_blocks, self._slots)
 
@@ -261,6 +267,7 @@ class CPUManagerState(OffloadingManager):
     def tier_stats(self) -> list[TierStats]:
         return []
 
+    @entry_guarded
     def shutdown(self) -> None:
         """Release everything; later lookups, new requests and stores raise
         :class:`~kv_offload.ManagerError`.
@@ -272,7 +279,7 @@ class CPUManagerState(OffloadingManager):
         self._closed = True
         errors = self._errors
         try:
-            errors.call(self.reset_cache)
+            errors.call(self._reset_cache)  # this call holds the entry guard
             errors.fire(self.hooks.shutdown, manager=self)
         finally:
             for plugin in self._own_plugins:

@@ -3,8 +3,9 @@
 Hook plugins come from three places:
 
 * the ``kv_offload.hooks`` entry-point group, loaded when a plugin manager is created with
-  ``autoload=True`` (the default manager is). ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD=1`` turns
-  autoload off; ``KV_OFFLOAD_PLUGINS=a,b`` loads only the named plugins;
+  ``autoload=True`` (the default manager is). The environment has the last word over the
+  arguments (:mod:`.env`): ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` (a boolean) decides
+  autoload; ``KV_OFFLOAD_PLUGINS=a,b`` loads only the named plugins, replacing ``allow=``;
   ``KV_OFFLOAD_BLOCK_PLUGINS=a,b`` never loads (never imports) the named ones;
 * :meth:`KVOffloadPluginManager.register` at run time;
 * the policy and tier instances of a manager, when they carry hookimpls.
@@ -17,8 +18,6 @@ process-wide :func:`get_plugin_manager`.
 
 from __future__ import annotations
 
-import os
-import re
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,6 +28,8 @@ import pluggy
 
 from ..errors import PluginConflictError, PluginImportError, PluginValidationError
 from . import hookspecs
+from .env import ALLOW_ENV, API_LABELS, AUTOLOAD_DISABLE_ENV, BLOCK_ENV, hook_env
+from .env import EnvironmentOverrideWarning as EnvironmentOverrideWarning
 from .registry import dist_label
 from .settings import configure_plugin
 
@@ -46,9 +47,6 @@ __all__ = [
 ]
 
 HOOK_ENTRY_POINT_GROUP = "kv_offload.hooks"
-AUTOLOAD_DISABLE_ENV = "KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD"
-ALLOW_ENV = "KV_OFFLOAD_PLUGINS"
-BLOCK_ENV = "KV_OFFLOAD_BLOCK_PLUGINS"
 
 #: Hook names without the ``kv_offload_`` prefix, as :class:`~.dispatch.HookCallers` attributes.
 HOOK_NAMES = tuple(
@@ -59,10 +57,6 @@ HOOK_NAMES = tuple(
 class BrokenPluginWarning(RuntimeWarning):
     """An autoloaded hook plugin failed to import and was skipped; the message names its
     distribution. A plugin the config enables by name fails instead."""
-
-
-def _names(value: str | None) -> set[str]:
-    return {part for part in re.split(r"[,\s]+", value or "") if part}
 
 
 class KVOffloadPluginManager(pluggy.PluginManager):
@@ -219,20 +213,27 @@ def create_plugin_manager(
     plugins: Iterable[Any] = (),
     settings: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> KVOffloadPluginManager:
-    """A new plugin manager; entry points load unless ``autoload`` is false or the
-    ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` environment variable is set. ``allow``/``block``
-    add to ``KV_OFFLOAD_PLUGINS``/``KV_OFFLOAD_BLOCK_PLUGINS``; ``settings`` holds the
-    ``[hooks.<name>]`` tables of plugins that take settings."""
+    """A new plugin manager: the ``kv_offload.hooks`` entry points named by ``allow`` (all if
+    ``None``) unless ``autoload`` is false or ``block`` names them, then ``plugins``
+    (instances, always registered); ``settings`` holds the ``[hooks.<name>]`` tables of
+    plugins that take settings.
+
+    The environment has the last word, as over a config file:
+    ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` (``1``/``0``, ``true``/``false``, ...) decides
+    ``autoload``; ``KV_OFFLOAD_PLUGINS`` replaces ``allow`` (never widens it);
+    ``KV_OFFLOAD_BLOCK_PLUGINS`` adds to ``block``. Overriding an explicit argument warns
+    with :class:`~kv_offload.config_env.EnvironmentOverrideWarning`.
+    """
+    env = hook_env(autoload, allow, block, API_LABELS)
+    for override in env.overrides:
+        warnings.warn(override, EnvironmentOverrideWarning, stacklevel=2)
     pm = KVOffloadPluginManager()
-    blocked = set(block) | _names(os.environ.get(BLOCK_ENV))
-    for name in blocked:
+    for name in env.block:
         pm.set_blocked(name)
-    env_allow = _names(os.environ.get(ALLOW_ENV))
-    allowed: set[str] | None = None
-    if allow is not None or env_allow:
-        allowed = set(allow or ()) | env_allow
-    if autoload and not os.environ.get(AUTOLOAD_DISABLE_ENV):
-        pm.load_entry_points(allowed, blocked, settings)
+    if env.autoload:
+        # allow=[] asks for no entry point at all (a config's empty enable means "all")
+        allowed = env.allow if env.allow is not None or allow is None else frozenset()
+        pm.load_entry_points(allowed, env.block, settings)
     for plugin in plugins:
         pm.register(plugin)
     return pm

@@ -5,7 +5,10 @@ Resolution order, first match wins:
 1. names registered at run time with :meth:`PluginRegistry.register` (imported lazily);
 2. installed entry points of the kind's group; only the selected one is imported;
 3. ``module_path``: import it and take the attribute called ``name`` (an out-of-tree plugin
-   needs no registration), with a one-time experimental warning and an info line;
+   needs no registration), with a one-time experimental warning and an info line. Under
+   ``KV_OFFLOAD_ALLOW_MODULE_PATH=0`` any ``module_path`` is refused before anything is
+   resolved, for every kind (policies, tiers, backpressure detectors, drop policies) and
+   whoever passes it (a config file or the API);
 4. otherwise :class:`~kv_offload.errors.PluginNotFoundError` saying what is installed, which
    distribution provides a known name, and how to use ``module_path``.
 """
@@ -21,12 +24,14 @@ from importlib import metadata
 from typing import Generic, TypeVar
 
 from ..errors import (
+    ConfigError,
     DuplicateRegistrationError,
     PluginConflictError,
     PluginImportError,
     PluginNotFoundError,
     PluginTypeError,
 )
+from .env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
 
 __all__ = ["PluginInfo", "PluginRegistry", "ExperimentalPluginWarning", "KNOWN_DISTRIBUTIONS"]
 
@@ -184,6 +189,8 @@ class PluginRegistry(Generic[T]):
                 kind=self.kind,
                 plugin=str(name),
             )
+        if module_path is not None and module_path_forbidden_by_env():
+            raise self._forbidden(name, module_path)
         cached = self._loaded.get(name)
         if cached is not None:
             return cached
@@ -238,6 +245,15 @@ class PluginRegistry(Generic[T]):
                 "using %s class %s from module %s", self.kind, cls.__qualname__, cls.__module__
             )
         return cls
+
+    def _forbidden(self, name: str, module_path: str) -> ConfigError:
+        key = self._config_hint.split()[-1].strip('"')  # "cache_policy_module_path", ...
+        return ConfigError(
+            f"{key}={module_path!r} ({self.kind} {name!r}): module_path imports are forbidden "
+            f"by {ALLOW_MODULE_PATH_ENV}=0 in the environment; install the {self.kind} as a "
+            f"distribution with a {self.group!r} entry point, or unset {ALLOW_MODULE_PATH_ENV}",
+            key=key,
+        )
 
     def _not_found(self, name: str) -> PluginNotFoundError:
         installed = sorted(set(self._registered) | set(self._scan()))

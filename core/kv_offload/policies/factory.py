@@ -34,7 +34,9 @@ class CachePolicyFactory:
 
     @classmethod
     def get_cache_policy_cls(cls, name: str, module_path: str | None = None) -> type[CachePolicy]:
-        """The policy class called ``name``; ``module_path`` is the out-of-tree fallback."""
+        """The policy class called ``name``; ``module_path`` is the out-of-tree fallback,
+        refused with :class:`~kv_offload.ConfigError` under ``KV_OFFLOAD_ALLOW_MODULE_PATH=0``
+        (``CPUOffloadingManager(..., cache_policy_module_path=...)`` comes here)."""
         return _registry.resolve(name, module_path)
 
     @classmethod

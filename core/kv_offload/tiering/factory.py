@@ -66,6 +66,8 @@ class SecondaryTierFactory:
 
     @classmethod
     def get_tier_class(cls, config: Mapping[str, Any]) -> type[SecondaryTierManager]:
+        """The tier class ``config["type"]`` names; its ``module_path`` is refused with
+        :class:`~kv_offload.ConfigError` under ``KV_OFFLOAD_ALLOW_MODULE_PATH=0``."""
         return _registry.resolve(_tier_type(config), config.get("module_path"))
 
     @classmethod

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
+from ..concurrency import concurrent_use_error, entry_guarded, new_entry_token
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import as_list, check_context, short
 from ..errors import ConfigError, KeyStateError
@@ -54,6 +55,16 @@ class TieringOffloadingManager(OffloadingManager):
 
     ``backpressure`` is the default ``backpressure`` table of tiers that have no cascade gate
     of their own (a config's global ``[backpressure]``); ``None`` leaves them ungated.
+
+    Single-threaded like its CPU tier: every request-flow method, ``drain``, ``take_events``,
+    ``reset_cache`` and ``shutdown`` take the entry guard of :mod:`kv_offload.concurrency`
+    (and the CPU tier's own guard when they call it), so a second thread, or a hook calling
+    back into the flow (say from ``tier_job_finished``), gets
+    :class:`~kv_offload.ConcurrentUseError` with nothing changed. ``get_stats()``,
+    ``cpu_stats()``, ``tier_stats()`` and ``has_pending_work()`` are lock-free reads. Tiers
+    never call the manager: their threads touch only the CPU buffer rows of their jobs, and
+    results are collected here, on the scheduler's thread. Share the stack between threads
+    with :func:`kv_offload.synchronized`.
     """
 
     def __init__(
@@ -88,26 +99,31 @@ class TieringOffloadingManager(OffloadingManager):
         self._scope = RequestScope(self.tiers, primary, self._jobs)
         self._promotions = Promotions(primary, self._jobs, self._errors)
         self._closed = False
+        self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
         ]
 
     # -- delegated parts of the manager API -----------------------------------------------
 
+    @entry_guarded
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Start the request in the CPU tier and ask every tier for its offload policy:
         ``REQUEST_LEVEL`` if any tier wants the whole request, else ``CHUNK_LEVEL``."""
         self.primary.on_new_request(req_context)
         return self._scope.start(req_context)
 
+    @entry_guarded
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         return self.primary.prepare_load(keys, req_context)
 
+    @entry_guarded
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.primary.complete_load(keys, req_context)
 
+    @entry_guarded
     def prepare_store(
         self,
         keys: Collection[OffloadKey],
@@ -134,6 +150,7 @@ class TieringOffloadingManager(OffloadingManager):
             self._errors.raise_pending(output)
         return output
 
+    @entry_guarded
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.primary.touch(keys, req_context)
         for tier in self.tiers:
@@ -150,38 +167,47 @@ class TieringOffloadingManager(OffloadingManager):
         the engine asks again after its next step instead of recomputing the block. Only the
         tiers the request's ``load_tier_filter`` allows are asked.
         """
+        entry = self._entry
         try:
-            tier_filter = req_context.load_tier_filter
-        except AttributeError:  # not a ReqContext: the CPU tier's lookup says so
-            tier_filter = None
-        indices = self._scope.all_tiers
-        if tier_filter is not None:
-            indices = self._scope.allowed(tier_filter)  # raises before anything changed
-        result = self.primary.lookup(key, req_context)
-        if not self.tiers:
-            return result
-        if result is not _MISS:
-            self._promotions.note_found(req_context.req_id, key)
-            return result
-        ask_again = False
-        tiers = self.tiers
-        stats = self._jobs.stats
-        for index in indices:
-            stats[index].lookups += 1
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "lookup") from None
+        try:
             try:
-                held = tiers[index].lookup(key, req_context)
-            except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
-                stats[index].lookup_errors += 1
-                self._jobs.faults.report(
-                    tiers[index].name, "lookup", exc, "the key is a miss there"
-                )
-                continue
-            if held is True:
-                return self._promotions.reserve(index, key, req_context)
-            if held is None:
-                ask_again = True
-        return _PENDING if ask_again else _MISS
+                tier_filter = req_context.load_tier_filter
+            except AttributeError:  # not a ReqContext: the CPU tier's lookup says so
+                tier_filter = None
+            indices = self._scope.all_tiers
+            if tier_filter is not None:
+                indices = self._scope.allowed(tier_filter)  # raises before anything changed
+            result = self.primary.lookup(key, req_context)
+            if not self.tiers:
+                return result
+            if result is not _MISS:
+                self._promotions.note_found(req_context.req_id, key)
+                return result
+            ask_again = False
+            tiers = self.tiers
+            stats = self._jobs.stats
+            for index in indices:
+                stats[index].lookups += 1
+                try:
+                    held = tiers[index].lookup(key, req_context)
+                except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
+                    stats[index].lookup_errors += 1
+                    self._jobs.faults.report(
+                        tiers[index].name, "lookup", exc, "the key is a miss there"
+                    )
+                    continue
+                if held is True:
+                    return self._promotions.reserve(index, key, req_context)
+                if held is None:
+                    ask_again = True
+            return _PENDING if ask_again else _MISS
+        finally:
+            entry.append(True)
 
+    @entry_guarded
     def on_schedule_end(self) -> None:
         """Tell every tier the step ended, submit the promotions queued this step, then
         collect finished tier jobs."""
@@ -198,6 +224,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     # -- stores and cascades --------------------------------------------------------------
 
+    @entry_guarded
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
@@ -226,6 +253,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    @entry_guarded
     def on_request_finished(self, req_context: ReqContext) -> None:
         check_context(req_context, "on_request_finished")  # before any tier is told
         self._promotions.finish(req_context.req_id)
@@ -240,6 +268,7 @@ class TieringOffloadingManager(OffloadingManager):
         """Whether tier jobs or queued promotions are outstanding."""
         return bool(len(self._jobs) or self._promotions.queued)
 
+    @entry_guarded
     def drain(self, timeout: float | None = None) -> None:
         """Submit queued promotions and wait until every tier job has reported."""
         self._drain(timeout)
@@ -249,10 +278,12 @@ class TieringOffloadingManager(OffloadingManager):
         self._promotions.submit()
         self._jobs.drain(self.drain_timeout if timeout is None else timeout)
 
+    @entry_guarded
     def take_events(self) -> list[OffloadingEvent]:
         """The whole stack's events since the last call, in the order they happened."""
         return self.primary.take_events()
 
+    @entry_guarded
     def reset_cache(self) -> None:
         """Cancel the queued promotions (never submitted), wait for every tier job in flight,
         then empty the CPU tier, so no promotion lands in the reset cache. Tier counters and
@@ -282,6 +313,7 @@ class TieringOffloadingManager(OffloadingManager):
     def tier_stats(self) -> list[TierStats]:
         return self._jobs.tier_stats()
 
+    @entry_guarded
     def shutdown(self) -> None:
         """Drain, shut the CPU tier down (tiers with hooks still hear its events), then every
         tier. Shutdown always completes; errors are reported after."""
