@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from _tiers import FaultyTier, InjectedFault, RecordingTier, block_bytes, expected_rows, key
+from _tiers import RecordingTier, block_bytes, expected_rows, faulty_tier, key
 from kv_offload import (
     ConfigError,
     CPUOffloadingManager,
@@ -29,6 +29,7 @@ from kv_offload import (
     TieringOffloadingManager,
 )
 from kv_offload_example_tier import ExampleSecondaryTierManager
+from kv_offload_faulty_tier import InjectedFault
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
 BLOCK = 4096  # bytes per block
@@ -429,7 +430,7 @@ def test_cascade_is_one_store_job_per_tier_and_pins_until_reported() -> None:
     primary = CPUOffloadingManager(4, block_size_bytes=BLOCK)
     assert primary.kv_buffer is not None
     config = OffloadingConfig(4, BLOCK)
-    slow = FaultyTier(config, primary.kv_buffer.view, "slow", max_delay=3, seed=1)
+    slow = faulty_tier(config, primary.kv_buffer.view, "slow", delay_polls=3, seed=1)
     fast = RecordingTier(config, primary.kv_buffer.view, "fast")
     m = TieringOffloadingManager(primary, [slow, fast])
     ctx = ReqContext("r")
@@ -456,7 +457,7 @@ def test_submit_raising_fails_the_job(caplog: pytest.LogCaptureFixture) -> None:
     primary = CPUOffloadingManager(2, block_size_bytes=BLOCK)
     assert primary.kv_buffer is not None
     config = OffloadingConfig(2, BLOCK)
-    bad = FaultyTier(config, primary.kv_buffer.view, "bad", raise_rate=1.0)
+    bad = faulty_tier(config, primary.kv_buffer.view, "bad", raise_rate=1.0)
     good = ExampleSecondaryTierManager(config, primary.kv_buffer.view, "good")
     m = TieringOffloadingManager(primary, [bad, good])
     ctx = ReqContext("r")
@@ -503,7 +504,7 @@ def test_reset_cache_drains_tier_jobs_first() -> None:
     primary = CPUOffloadingManager(4, block_size_bytes=BLOCK)
     assert primary.kv_buffer is not None
     config = OffloadingConfig(4, BLOCK)
-    tier = FaultyTier(config, primary.kv_buffer.view, "slow", max_delay=4, seed=3)
+    tier = faulty_tier(config, primary.kv_buffer.view, "slow", delay_polls=4, seed=3)
     m = TieringOffloadingManager(primary, [tier], drain_timeout=5.0)
     ctx = ReqContext("r")
     store_step(m, [1, 2], [3, 4])
@@ -539,7 +540,7 @@ def test_shutdown_drains_and_shuts_tiers_down() -> None:
     primary = CPUOffloadingManager(4, block_size_bytes=BLOCK)
     assert primary.kv_buffer is not None
     config = OffloadingConfig(4, BLOCK)
-    slow = FaultyTier(config, primary.kv_buffer.view, "slow", max_delay=3, seed=4)
+    slow = faulty_tier(config, primary.kv_buffer.view, "slow", delay_polls=3, seed=4)
     rec = RecordingTier(config, primary.kv_buffer.view, "rec")
     m = TieringOffloadingManager(primary, [slow, rec])
     ctx = ReqContext("r")
