@@ -13,7 +13,15 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from _dists import ModuleFactory, PluginEnv
-from kv_offload import KVOffloadPluginManager, create_plugin_manager
+from kv_offload import (
+    CachePolicyFactory,
+    KVOffloadPluginManager,
+    SecondaryTierFactory,
+    create_plugin_manager,
+)
+
+#: ``register(name, module_path, class_name)`` of a runtime registration fixture.
+Register = Callable[[str, str, str], None]
 
 
 @pytest.fixture
@@ -45,3 +53,31 @@ def plugin_env_factory(
 def pm() -> KVOffloadPluginManager:
     """A fresh plugin manager with nothing autoloaded."""
     return create_plugin_manager(autoload=False)
+
+
+def _registrations(register: Register, unregister: Callable[[str], None]) -> Iterator[Register]:
+    names: list[str] = []
+
+    def _register(name: str, module_path: str, class_name: str) -> None:
+        register(name, module_path, class_name)
+        names.append(name)
+
+    yield _register
+    for name in names:
+        unregister(name)
+
+
+@pytest.fixture
+def register_policy() -> Iterator[Register]:
+    """``register_policy(name, module_path, class_name)``; unregistered afterwards."""
+    yield from _registrations(
+        CachePolicyFactory.register_cache_policy, CachePolicyFactory.unregister_cache_policy
+    )
+
+
+@pytest.fixture
+def register_tier() -> Iterator[Register]:
+    """``register_tier(name, module_path, class_name)``; unregistered afterwards."""
+    yield from _registrations(
+        SecondaryTierFactory.register_tier, SecondaryTierFactory.unregister_tier
+    )

@@ -9,7 +9,7 @@ end of each step (which submits promotions and collects finished tier jobs).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -93,14 +93,6 @@ def assert_clean(m: TieringOffloadingManager) -> None:
     assert not m.has_pending_work()
 
 
-@pytest.fixture
-def registered_tiers() -> Iterator[list[str]]:
-    names: list[str] = []
-    yield names
-    for name in names:
-        SecondaryTierFactory.unregister_tier(name)
-
-
 # -- the full round trip --------------------------------------------------------------------
 
 
@@ -147,13 +139,10 @@ def test_round_trip_through_example_tier() -> None:
     assert_clean(m)
 
 
-def test_round_trip_through_two_tiers(registered_tiers: list[str]) -> None:
+def test_round_trip_through_two_tiers(register_tier: Callable[..., None]) -> None:
     """Two example tiers: the first (small) loses old blocks, the second keeps them. The
     second is a runtime-registered tier type built by the factory."""
-    SecondaryTierFactory.register_tier(
-        "example-big", "kv_offload_example_tier", "ExampleSecondaryTierManager"
-    )
-    registered_tiers.append("example-big")
+    register_tier("example-big", "kv_offload_example_tier", "ExampleSecondaryTierManager")
     primary = CPUOffloadingManager(4, block_size_bytes=BLOCK, enable_events=True)
     assert primary.kv_buffer is not None
     config = OffloadingConfig(4, BLOCK)
