@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,3 +82,15 @@ def register_tier() -> Iterator[Register]:
     yield from _registrations(
         SecondaryTierFactory.register_tier, SecondaryTierFactory.unregister_tier
     )
+
+
+@pytest.fixture
+def quiet_tiering_log() -> Iterator[None]:
+    """``kv_offload.tiering`` at CRITICAL: the manager logs each raising ``submit_*`` with a
+    traceback, and thousands of those in a fault-injection run would only slow it down (the
+    tier counters say how many there were)."""
+    logger = logging.getLogger("kv_offload.tiering")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -31,14 +30,7 @@ BLOCK = 4096
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def quiet_tiering_log() -> Iterator[None]:
-    """Injected submit failures are logged with tracebacks; the counters say how many."""
-    logger = logging.getLogger("kv_offload.tiering")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_tiering_log")
 
 
 def stack(num_blocks: int = 64, **faults: Any) -> TieringOffloadingManager:

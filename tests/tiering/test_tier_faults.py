@@ -14,9 +14,7 @@ bytes in the CPU tier and in every tier are the right ones.
 from __future__ import annotations
 
 import itertools
-import logging
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,15 +45,7 @@ MAX_DELAY = max(args.get("delay_polls", 0) for _, args, _ in TIERS)
 PENDING_BOUND = MAX_DELAY + 1
 
 
-@pytest.fixture(autouse=True)
-def quiet_tiering_log() -> Iterator[None]:
-    """The manager logs each raising submit_* with a traceback; thousands of those would
-    only slow the run down (the tier counters say how many there were)."""
-    logger = logging.getLogger("kv_offload.tiering")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_tiering_log")
 
 
 class Bytes:
