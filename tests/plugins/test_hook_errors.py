@@ -3,6 +3,8 @@ is still processed, and the error names the plugin (see kv_offload.plugins.dispa
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from _hook_helpers import (
     HIT,
@@ -15,7 +17,8 @@ from _hook_helpers import (
     make_tiered,
     store,
 )
-from _hook_plugins import RecordingPlugin
+from _hook_plugins import SPECS, RecordingPlugin
+from hook_observers import plugin_class
 from kv_offload import (
     CPUOffloadingManager,
     HookError,
@@ -30,44 +33,20 @@ from kv_offload import (
 # -- a raising plugin -------------------------------------------------------------------------
 
 
-class Boom:
-    """Raises from the hooks named in ``hooks``."""
+class _Raiser:
+    """Raises from the hooks named in ``hooks``; ``"blocks_stored:<medium>"`` names that hook
+    for one medium only. Every other hook does nothing."""
 
     def __init__(self, *hooks: str) -> None:
         self.hooks = set(hooks)
 
-    def _maybe(self, hook: str) -> None:
-        if hook in self.hooks:
+    def _maybe(self, hook: str, **arguments: Any) -> None:
+        if hook in self.hooks or f"{hook}:{arguments.get('medium')}" in self.hooks:
             raise RuntimeError(f"boom in {hook}")
 
-    @hookimpl
-    def kv_offload_request_finished(self) -> None:
-        self._maybe("request_finished")
 
-    @hookimpl
-    def kv_offload_blocks_stored(self, medium: str) -> None:
-        self._maybe("blocks_stored")
-        self._maybe(f"blocks_stored:{medium}")
-
-    @hookimpl
-    def kv_offload_blocks_evicted(self) -> None:
-        self._maybe("blocks_evicted")
-
-    @hookimpl
-    def kv_offload_store_failed(self) -> None:
-        self._maybe("store_failed")
-
-    @hookimpl
-    def kv_offload_tier_job_finished(self) -> None:
-        self._maybe("tier_job_finished")
-
-    @hookimpl
-    def kv_offload_cache_reset(self) -> None:
-        self._maybe("cache_reset")
-
-    @hookimpl
-    def kv_offload_store_admission(self) -> None:
-        self._maybe("store_admission")
+#: :class:`_Raiser` implementing every hookspec, with the spec's arguments.
+Boom = plugin_class("Boom", SPECS, _Raiser, body="return self._maybe({hook!r}, {kwargs})")
 
 
 def check_hook_error(exc: pytest.ExceptionInfo[HookError], hook: str) -> None:
