@@ -27,6 +27,7 @@ from kv_offload import (
     ManagerError,
     PluginError,
     ReqContext,
+    TieringOffloadingManager,
     hookimpl,
 )
 
@@ -55,6 +56,17 @@ def check_hook_error(exc: pytest.ExceptionInfo[HookError], hook: str) -> None:
     assert (error.kind, error.plugin) == ("hook", "boom")
     assert f"hook plugin 'boom' raised in kv_offload_{hook}" in str(error)
     assert isinstance(error.__cause__, RuntimeError)
+
+
+def evicted_to_the_tier(pm: KVOffloadPluginManager) -> tuple[TieringOffloadingManager, ReqContext]:
+    """A 2-block tiered stack after storing 1, 2 then 3, 4: 1 and 2 are only in the tier."""
+    m = make_tiered(pm, num_blocks=2)
+    ctx = ReqContext("r")
+    store(m, ctx, 1, 2)
+    m.on_schedule_end()
+    store(m, ctx, 3, 4)  # evicts 1, 2 from the CPU tier; the tier keeps them
+    m.on_schedule_end()
+    return m, ctx
 
 
 def test_raising_blocks_stored_leaves_the_store_done(pm: KVOffloadPluginManager) -> None:
@@ -188,12 +200,7 @@ def test_tiered_raising_tier_hook_does_not_drop_other_finished_jobs(
 def test_tiered_raising_cpu_hook_in_a_promotion_leaves_it_landed(
     pm: KVOffloadPluginManager,
 ) -> None:
-    m = make_tiered(pm, num_blocks=2)
-    ctx = ReqContext("r")
-    store(m, ctx, 1, 2)
-    m.on_schedule_end()
-    store(m, ctx, 3, 4)  # evicts 1, 2 from the CPU tier; the tier keeps them
-    m.on_schedule_end()
+    m, ctx = evicted_to_the_tier(pm)
     pm.register(Boom("blocks_stored:CPU"), name="boom")
     assert m.lookup(k(1), ctx) is PENDING
     with pytest.raises(HookError) as exc:
@@ -222,12 +229,7 @@ def test_tiered_raising_cpu_blocks_stored_still_cascades(pm: KVOffloadPluginMana
 def test_tiered_raising_eviction_hook_in_a_promotion_still_promotes(
     pm: KVOffloadPluginManager,
 ) -> None:
-    m = make_tiered(pm, num_blocks=2)
-    ctx = ReqContext("r")
-    store(m, ctx, 1, 2)
-    m.on_schedule_end()
-    store(m, ctx, 3, 4)
-    m.on_schedule_end()
+    m, ctx = evicted_to_the_tier(pm)
     pm.register(Boom("blocks_evicted"), name="boom")
     with pytest.raises(HookError) as exc:
         m.lookup(k(1), ctx)  # reserves a slot by evicting 3
@@ -241,12 +243,7 @@ def test_tiered_raising_eviction_hook_in_a_promotion_still_promotes(
 def test_tiered_raising_admission_in_a_promotion_reserves_nothing(
     pm: KVOffloadPluginManager,
 ) -> None:
-    m = make_tiered(pm, num_blocks=2)
-    ctx = ReqContext("r")
-    store(m, ctx, 1, 2)
-    m.on_schedule_end()
-    store(m, ctx, 3, 4)
-    m.on_schedule_end()
+    m, ctx = evicted_to_the_tier(pm)
     boom = Boom("store_admission")
     pm.register(boom, name="boom")
     before = m.get_stats().cpu
