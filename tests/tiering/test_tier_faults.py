@@ -49,10 +49,10 @@ pytestmark = pytest.mark.usefixtures("quiet_tiering_log")
 
 
 class Bytes:
-    """Expected block bytes, cached."""
+    """Expected block bytes, cached for the whole module: they depend only on the key, and the
+    runs of every seed share most keys."""
 
-    def __init__(self) -> None:
-        self._rows: dict[OffloadKey, np.ndarray] = {}
+    _rows: dict[OffloadKey, np.ndarray] = {}  # noqa: RUF012 - one cache for every instance
 
     def __call__(self, keys: list[OffloadKey]) -> np.ndarray:
         rows = self._rows

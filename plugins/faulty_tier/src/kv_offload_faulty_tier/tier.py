@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 GARBAGE = 0xEE
 
 
-@dataclass
+@dataclass(slots=True)
 class _Held:
     """A job whose result is not released yet."""
 
@@ -102,6 +102,7 @@ class FaultyTier(SecondaryTierManager):
         )
         _check_inner(tier_type, inner)
         self.inner = SecondaryTierFactory.create_secondary_tier(inner, primary_kv_view, config)
+        self._inner_lookup = self.inner.lookup  # the hottest call: bound once
         self.counters = FaultCounters()
         self._dice = Dice(self.plan)
         self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
@@ -128,7 +129,7 @@ class FaultyTier(SecondaryTierManager):
             raise InjectedFault(f"{self.name}: injected failure in lookup")
         if key in self._storing:
             return None
-        return self.inner.lookup(key, req_context)
+        return self._inner_lookup(key, req_context)
 
     def submit_store(self, job: JobMetadata) -> None:
         self._submit(job)
@@ -142,8 +143,9 @@ class FaultyTier(SecondaryTierManager):
         # A job is due once its polls are used up and its device time has passed; a deferred
         # one is handed to the inner tier then, and released as soon as the inner tier reports.
         now = time.monotonic() if self._timed else 0.0
+        all_held = self._held
         due: list[_Held] = []
-        for held in self._held.values():
+        for held in all_held.values():
             if held.polls_left > 0:
                 held.polls_left -= 1
             elif now >= held.ready_at:
@@ -152,13 +154,13 @@ class FaultyTier(SecondaryTierManager):
                     held.deferred = False
                     self._forward_late(held)
         for result in self.inner.get_finished():
-            found = self._held.get(result.job_id)
+            found = all_held.get(result.job_id)
             if found is not None and found.success is None:
                 found.success = result.success
         done: list[JobResult] = []
         for held in due:
             if held.success is not None:
-                del self._held[held.job.job_id]
+                del all_held[held.job.job_id]
                 done.append(self._release(held))
         return done
 
@@ -169,9 +171,7 @@ class FaultyTier(SecondaryTierManager):
         self.inner.on_request_finished(req_context)
 
     def on_schedule_end(self) -> None:
-        forward = getattr(self.inner, "on_schedule_end", None)
-        if forward is not None:
-            forward()
+        self.inner.on_schedule_end()
 
     def shutdown(self) -> None:
         self.counters.shutdowns += 1
