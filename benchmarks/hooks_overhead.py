@@ -12,6 +12,8 @@ blocks (20000) per run, timed by the replay itself (the request loop only). Four
 * ``(b) no-op observer``: one plugin implementing every event hook (all arguments, no body).
 * ``(c) seen-twice admission``: a ``kv_offload_store_admission`` plugin storing a block the
   second time it is offered (vLLM's ``store_threshold=2``), fresh for each run.
+
+(b) and (c) are ``benchmarks/hook_observers.py``'s, which the hook tests check too.
 * ``null dispatcher, A/A control``: the baseline again. Its ratio to the first is pure
   measurement noise: a ratio of the other builds closer to 1 than that is not resolved.
 
@@ -38,18 +40,16 @@ import json
 import statistics
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
+from hook_observers import NoOpObserver, SeenTwiceAdmission  # a sibling module, not a test helper
 from kv_offload import (
     CPUOffloadingManager,
     KVOffloadPluginManager,
     OffloadKey,
     ReqContext,
     create_plugin_manager,
-    hookimpl,
 )
 from kv_offload.plugins import HOOK_NAMES
 from kv_offload.replay import ReplayResult, replay
@@ -76,85 +76,6 @@ class NullHooks:
     def __init__(self) -> None:
         for name in HOOK_NAMES:
             setattr(self, name, None)
-
-
-class NoOpObserver:
-    """Implements every event hook, taking every argument, doing nothing."""
-
-    @hookimpl
-    def kv_offload_request_started(self, manager: Any, req_context: Any) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_request_finished(self, manager: Any, req_context: Any) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_blocks_stored(
-        self, manager: Any, keys: Any, medium: Any, req_context: Any
-    ) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_blocks_loaded(
-        self, manager: Any, keys: Any, medium: Any, req_context: Any
-    ) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_blocks_evicted(
-        self, manager: Any, keys: Any, medium: Any, req_context: Any
-    ) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_store_failed(
-        self, manager: Any, keys: Any, medium: Any, req_context: Any
-    ) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_tier_job_finished(
-        self,
-        manager: Any,
-        tier: Any,
-        direction: Any,
-        keys: Any,
-        success: Any,
-        nbytes: Any,
-        req_context: Any,
-    ) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_cache_reset(self, manager: Any) -> None:
-        pass
-
-    @hookimpl
-    def kv_offload_shutdown(self, manager: Any) -> None:
-        pass
-
-
-class SeenTwiceAdmission:
-    """Admit a block the second time ``prepare_store`` offers it (counts of at most 1,000,000
-    keys, oldest forgotten first)."""
-
-    def __init__(self, max_tracked: int = 1_000_000) -> None:
-        self.max_tracked = max_tracked
-        self.counts: OrderedDict[OffloadKey, int] = OrderedDict()
-
-    @hookimpl
-    def kv_offload_store_admission(self, keys: list[OffloadKey]) -> list[OffloadKey]:
-        counts = self.counts
-        admitted = []
-        for key in keys:
-            if counts.pop(key, 0) + 1 >= 2:
-                admitted.append(key)
-            else:
-                counts[key] = 1
-        while len(counts) > self.max_tracked:
-            counts.popitem(last=False)
-        return admitted
 
 
 def load(path: Path) -> Requests:

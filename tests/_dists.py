@@ -132,6 +132,20 @@ class DistSpec:
                 zf.writestr(path, data)
         return wheel
 
+    def install_target(self, tmp: Path) -> Path:
+        """This distribution really pip-installed into ``tmp/site`` (``pip install --target``,
+        offline, from a wheel built in ``tmp/wheels``): a directory to put on PYTHONPATH."""
+        wheel = self.build_wheel(tmp / "wheels")
+        target = tmp / "site"
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
+        subprocess.run(
+            [*pip, "--target", str(target), str(wheel)],
+            check=True,
+            capture_output=True,
+            env=_clean_env(),
+        )
+        return target
+
     # -- a setuptools project -----------------------------------------------------------
 
     def write_project(self, project_dir: Path) -> Path:

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# The hook tests use the observers the hooks benchmark measures (benchmarks/hook_observers.py);
+# the dependency goes this way only: benchmarks never import test helpers.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
 from _dists import ModuleFactory, PluginEnv
-from kv_offload import KVOffloadPluginManager, create_plugin_manager
+from kv_offload import (
+    CachePolicyFactory,
+    KVOffloadPluginManager,
+    SecondaryTierFactory,
+    create_plugin_manager,
+)
+
+#: ``register(name, module_path, class_name)`` of a runtime registration fixture.
+Register = Callable[[str, str, str], None]
 
 
 @pytest.fixture
@@ -40,3 +54,43 @@ def plugin_env_factory(
 def pm() -> KVOffloadPluginManager:
     """A fresh plugin manager with nothing autoloaded."""
     return create_plugin_manager(autoload=False)
+
+
+def _registrations(register: Register, unregister: Callable[[str], None]) -> Iterator[Register]:
+    names: list[str] = []
+
+    def _register(name: str, module_path: str, class_name: str) -> None:
+        register(name, module_path, class_name)
+        names.append(name)
+
+    yield _register
+    for name in names:
+        unregister(name)
+
+
+@pytest.fixture
+def register_policy() -> Iterator[Register]:
+    """``register_policy(name, module_path, class_name)``; unregistered afterwards."""
+    yield from _registrations(
+        CachePolicyFactory.register_cache_policy, CachePolicyFactory.unregister_cache_policy
+    )
+
+
+@pytest.fixture
+def register_tier() -> Iterator[Register]:
+    """``register_tier(name, module_path, class_name)``; unregistered afterwards."""
+    yield from _registrations(
+        SecondaryTierFactory.register_tier, SecondaryTierFactory.unregister_tier
+    )
+
+
+@pytest.fixture
+def quiet_tiering_log() -> Iterator[None]:
+    """``kv_offload.tiering`` at CRITICAL: the manager logs each raising ``submit_*`` with a
+    traceback, and thousands of those in a fault-injection run would only slow it down (the
+    tier counters say how many there were)."""
+    logger = logging.getLogger("kv_offload.tiering")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)

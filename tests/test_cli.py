@@ -130,15 +130,7 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "kv_offload.hooks": {"broken-hook": "kv_offload_broken"},
         },
     )
-    wheel = spec.build_wheel(tmp / "wheels")
-    target = tmp / "site"
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
-    subprocess.run(
-        [*pip, "--target", str(target), str(wheel)],
-        check=True,
-        capture_output=True,
-        env=_clean_env(),
-    )
+    target = spec.install_target(tmp)
     assert (target / "kv_offload_broken-6.6.6.dist-info" / "entry_points.txt").is_file()
     return target
 

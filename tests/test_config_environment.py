@@ -138,22 +138,12 @@ def test_select_hooks_precedence_and_booleans() -> None:
 @pytest.fixture(scope="module")
 def hook_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real distribution of two hook plugins, pip-installed into a directory (``--target``)."""
-    tmp = tmp_path_factory.mktemp("hooksite")
-    target = tmp / "site"
     spec = DistSpec(
         name="kvo-hooks-alpha-beta",
         files={f"kvo_hook_{n}.py": "from kv_offload import hookimpl\n" for n in ("alpha", "beta")},
         entry_points={"kv_offload.hooks": {n: f"kvo_hook_{n}" for n in ("alpha", "beta")}},
     )
-    wheel = spec.build_wheel(tmp / "wheels")
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
-    subprocess.run(
-        [*pip, "--target", str(target), str(wheel)],
-        check=True,
-        capture_output=True,
-        env=_clean_env(),
-    )
-    return target
+    return spec.install_target(tmp_path_factory.mktemp("hooksite"))
 
 
 def _validate(config: Path, site: Path, **env: str) -> subprocess.Popen[str]:

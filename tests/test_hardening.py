@@ -7,14 +7,12 @@ library directly; every error must come from kv-offload's hierarchy and name wha
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _dists import DistSpec, _clean_env
+from _dists import DistSpec
 from kv_offload import (
     CPUKVBuffer,
     InvalidArgumentError,
@@ -30,35 +28,19 @@ pathlib.Path(os.environ["KVO_TEST_MARKER"]).write_text("imported")
 """
 
 
-def _install(tmp: Path, spec: DistSpec) -> Path:
-    """``spec`` really pip-installed into a directory to put on PYTHONPATH."""
-    wheel = spec.build_wheel(tmp / "wheels")
-    target = tmp / "site"
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index"]
-    subprocess.run(
-        [*pip, "--target", str(target), str(wheel)],
-        check=True,
-        capture_output=True,
-        env=_clean_env(),
-    )
-    return target
-
-
 @pytest.fixture(scope="module")
 def marker_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A hook plugin and a policy whose import writes a marker file: proof of an import."""
-    return _install(
-        tmp_path_factory.mktemp("marker"),
-        DistSpec(
-            name="kv-offload-marker",
-            version="1.0",
-            files={"kv_offload_marker.py": MARKER_CODE},
-            entry_points={
-                "kv_offload.hooks": {"marker": "kv_offload_marker"},
-                "kv_offload.policies": {"marker-policy": "kv_offload_marker:Nothing"},
-            },
-        ),
+    spec = DistSpec(
+        name="kv-offload-marker",
+        version="1.0",
+        files={"kv_offload_marker.py": MARKER_CODE},
+        entry_points={
+            "kv_offload.hooks": {"marker": "kv_offload_marker"},
+            "kv_offload.policies": {"marker-policy": "kv_offload_marker:Nothing"},
+        },
     )
+    return spec.install_target(tmp_path_factory.mktemp("marker"))
 
 
 # -- 4: listing plugins reads metadata; --check imports, never a blocked plugin --------------
@@ -127,15 +109,12 @@ def kv_offload_shutdown():
 
 
 def test_replay_reports_the_first_hook_error(tmp_path: Path) -> None:
-    site = _install(
-        tmp_path,
-        DistSpec(
-            name="kv-offload-failing-hooks",
-            version="1.0",
-            files={"kv_offload_failing_hooks.py": FAILING_HOOKS},
-            entry_points={"kv_offload.hooks": {"failing": "kv_offload_failing_hooks"}},
-        ),
-    )
+    site = DistSpec(
+        name="kv-offload-failing-hooks",
+        version="1.0",
+        files={"kv_offload_failing_hooks.py": FAILING_HOOKS},
+        entry_points={"kv_offload.hooks": {"failing": "kv_offload_failing_hooks"}},
+    ).install_target(tmp_path)
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"hash_ids": [1, 2]}\n')
     proc = kvo("replay", "default", trace, pythonpath=site)

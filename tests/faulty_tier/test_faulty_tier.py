@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ from kv_offload import (
     SecondaryTierFactory,
     TieringOffloadingManager,
     build_manager,
+    load_config,
     make_offload_key,
 )
 from kv_offload.replay import replay
@@ -30,14 +30,7 @@ BLOCK = 4096
 MIB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def quiet_tiering_log() -> Iterator[None]:
-    """Injected submit failures are logged with tracebacks; the counters say how many."""
-    logger = logging.getLogger("kv_offload.tiering")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_tiering_log")
 
 
 def stack(num_blocks: int = 64, **faults: Any) -> TieringOffloadingManager:
@@ -95,6 +88,9 @@ def test_installed_as_a_distribution() -> None:
         ({"lookup_raise_rate": True}, "lookup_raise_rate"),
         ({"delay_polls": -1}, "delay_polls"),
         ({"delay_polls": 2.5}, "delay_polls"),
+        ({"min_delay_polls": -1}, "min_delay_polls"),
+        ({"delay_polls": 1, "min_delay_polls": 2}, "min_delay_polls"),
+        ({"defer_transfer": "yes"}, "defer_transfer"),
         ({"delay_s": -1}, "delay_s"),
         ({"seconds_per_mib": "fast"}, "seconds_per_mib"),
         ({"seed": "x"}, "seed"),
@@ -107,6 +103,10 @@ def test_bad_settings_name_the_key(arguments: dict[str, Any], named: str) -> Non
     with pytest.raises(ConfigError, match=named) as raised:
         build_manager({"num_blocks": 8, "block_size_bytes": BLOCK, "tiers": [config]})
     assert "faulty" in str(raised.value)
+    # Config validation finds it too, before anything is built, and locates it at the key.
+    with pytest.raises(ConfigError, match=named) as validated:
+        load_config({"num_blocks": 8, "block_size_bytes": BLOCK, "tiers": [config]})
+    assert validated.value.key == f"tiers[0].{named}"
 
 
 def test_unknown_inner_tier_is_a_plugin_error() -> None:
@@ -149,6 +149,21 @@ def test_raising_submits_are_contained() -> None:
     manager.shutdown()
 
 
+def test_counters_account_for_every_job() -> None:
+    manager = stack(num_blocks=24, fail_rate=0.2, raise_rate=0.05, delay_polls=2, seed=9)
+    replay(manager, workload(300, seed=5), data_plane=True)
+    assert_idle(manager)
+    c = faulty_of(manager).counters
+    tier_stats = manager.get_stats().tiers[0]
+    assert c.submitted > 0 and c.raised > 0 and c.failed > 0
+    assert c.released == c.submitted, "every accepted job is reported exactly once"
+    assert c.stored_blocks == tier_stats.cascaded_blocks > 0
+    assert c.loaded_blocks == tier_stats.promoted_blocks > 0
+    assert c.shutdowns == 0
+    manager.shutdown()
+    assert c.shutdowns == 1
+
+
 def test_same_seed_same_faults() -> None:
     def counters(seed: int) -> Any:
         manager = stack(num_blocks=24, fail_rate=0.2, raise_rate=0.05, delay_polls=3, seed=seed)
@@ -167,13 +182,8 @@ def test_same_seed_same_faults() -> None:
 
 def direct(**faults: Any) -> tuple[FaultyTier, np.ndarray]:
     rows = np.zeros((16, BLOCK), np.uint8)
-    tier = FaultyTier(
-        OffloadingConfig(16, BLOCK),
-        memoryview(rows),
-        "faulty",
-        {"type": "example"},
-        **faults,
-    )
+    inner = faults.pop("inner", {"type": "example"})
+    tier = FaultyTier(OffloadingConfig(16, BLOCK), memoryview(rows), "faulty", inner, **faults)
     return tier, rows
 
 
@@ -205,6 +215,47 @@ def test_held_store_answers_ask_again_until_released() -> None:
     assert (rows[3] == 7).all()
 
 
+@pytest.mark.parametrize("delay", [0, 2, 5])
+def test_min_delay_polls_fixes_the_delay(delay: int) -> None:
+    tier, _ = direct(delay_polls=delay, min_delay_polls=delay)
+    tier.submit_store(job(1, JobDirection.STORE, [make_offload_key(1)], [0]))
+    polls = 1
+    while not tier.get_finished():
+        polls += 1
+        assert polls <= delay + 1
+    assert polls == delay + 1, "held for exactly delay_polls polls, released on the next"
+
+
+@pytest.mark.parametrize(("defer", "stored"), [(False, 7), (True, 9)])
+def test_defer_transfer_moves_bytes_when_the_result_is_due(defer: bool, stored: int) -> None:
+    """A slot rewritten while its store is held (what a manager that unpinned too early would
+    allow) reaches the tier only with ``defer_transfer``: then the bug shows in the bytes."""
+    tier, rows = direct(delay_polls=1, min_delay_polls=1, defer_transfer=defer)
+    k = make_offload_key(1)
+    rows[0] = 7
+    tier.submit_store(job(1, JobDirection.STORE, [k], [0]))
+    rows[0] = 9
+    assert tier.get_finished() == []
+    (result,) = tier.get_finished()
+    assert result.success
+    tier.submit_load(job(2, JobDirection.LOAD, [k], [3]))
+    while not tier.get_finished():
+        pass
+    assert (rows[3] == stored).all()
+
+
+def test_deferred_submit_that_raises_fails_the_job(caplog: pytest.LogCaptureFixture) -> None:
+    inner = {"type": "faulty", "raise_rate": 1.0, "inner": {"type": "example"}}
+    tier, _ = direct(defer_transfer=True, inner=inner)
+    tier.submit_store(job(1, JobDirection.STORE, [make_offload_key(1)], [0]))  # accepted
+    with caplog.at_level(logging.ERROR, logger="kv_offload_faulty_tier"):
+        (result,) = tier.get_finished()  # the inner tier raises now: the job fails
+    assert not result.success
+    assert "deferred submit" in caplog.text
+    assert tier.counters.failed == 1 and tier.in_flight == 0
+    assert tier.lookup(make_offload_key(1), ReqContext(req_id="q")) is False
+
+
 def test_bandwidth_limit_serialises_transfers() -> None:
     tier, _ = direct(seconds_per_mib=0.25)  # 4 MiB/s; each job below moves 64 KiB
     keys = [make_offload_key(i) for i in range(16)]
@@ -228,10 +279,12 @@ def test_lookup_can_raise() -> None:
     assert tier.counters.lookup_raised == 1
 
 
-def test_failed_load_scribbles_its_rows() -> None:
-    tier, rows = direct(fail_rate=1.0)
+@pytest.mark.parametrize("fail_rate", [1.0, 0.0], ids=["injected", "inner-tier-failed"])
+def test_failed_load_scribbles_its_rows(fail_rate: float) -> None:
+    tier, rows = direct(fail_rate=fail_rate)  # the inner tier lacks the key: it fails the load
     rows[5] = 1
     tier.submit_load(job(1, JobDirection.LOAD, [make_offload_key(9)], [5]))
     (result,) = tier.get_finished()
     assert not result.success
     assert (rows[5] == 0xEE).all()
+    assert tier.counters.torn_loads == tier.counters.failed == 1

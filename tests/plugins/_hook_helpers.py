@@ -18,7 +18,6 @@ from kv_offload import (
     RequestOffloadingContext,
     TieringOffloadingManager,
     get_offload_block_hash,
-    hookspecs,
     make_offload_key,
 )
 from kv_offload.tiering.backpressure import DropAll
@@ -28,11 +27,6 @@ from kv_offload_example_tier import ExampleSecondaryTierManager
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
 BLOCK = 16
 TIER = "example"
-
-#: Every hookspec, without the ``kv_offload_`` prefix.
-SPECS = sorted(
-    name.removeprefix("kv_offload_") for name in dir(hookspecs) if name.startswith("kv_offload_")
-)
 
 
 def k(i: int) -> OffloadKey:

@@ -3,6 +3,8 @@ is still processed, and the error names the plugin (see kv_offload.plugins.dispa
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from _hook_helpers import (
     HIT,
@@ -15,7 +17,8 @@ from _hook_helpers import (
     make_tiered,
     store,
 )
-from _hook_plugins import RecordingPlugin
+from _hook_plugins import SPECS, RecordingPlugin
+from hook_observers import plugin_class
 from kv_offload import (
     CPUOffloadingManager,
     HookError,
@@ -24,50 +27,27 @@ from kv_offload import (
     ManagerError,
     PluginError,
     ReqContext,
+    TieringOffloadingManager,
     hookimpl,
 )
 
 # -- a raising plugin -------------------------------------------------------------------------
 
 
-class Boom:
-    """Raises from the hooks named in ``hooks``."""
+class _Raiser:
+    """Raises from the hooks named in ``hooks``; ``"blocks_stored:<medium>"`` names that hook
+    for one medium only. Every other hook does nothing."""
 
     def __init__(self, *hooks: str) -> None:
         self.hooks = set(hooks)
 
-    def _maybe(self, hook: str) -> None:
-        if hook in self.hooks:
+    def _maybe(self, hook: str, **arguments: Any) -> None:
+        if hook in self.hooks or f"{hook}:{arguments.get('medium')}" in self.hooks:
             raise RuntimeError(f"boom in {hook}")
 
-    @hookimpl
-    def kv_offload_request_finished(self) -> None:
-        self._maybe("request_finished")
 
-    @hookimpl
-    def kv_offload_blocks_stored(self, medium: str) -> None:
-        self._maybe("blocks_stored")
-        self._maybe(f"blocks_stored:{medium}")
-
-    @hookimpl
-    def kv_offload_blocks_evicted(self) -> None:
-        self._maybe("blocks_evicted")
-
-    @hookimpl
-    def kv_offload_store_failed(self) -> None:
-        self._maybe("store_failed")
-
-    @hookimpl
-    def kv_offload_tier_job_finished(self) -> None:
-        self._maybe("tier_job_finished")
-
-    @hookimpl
-    def kv_offload_cache_reset(self) -> None:
-        self._maybe("cache_reset")
-
-    @hookimpl
-    def kv_offload_store_admission(self) -> None:
-        self._maybe("store_admission")
+#: :class:`_Raiser` implementing every hookspec, with the spec's arguments.
+Boom = plugin_class("Boom", SPECS, _Raiser, body="return self._maybe({hook!r}, {kwargs})")
 
 
 def check_hook_error(exc: pytest.ExceptionInfo[HookError], hook: str) -> None:
@@ -76,6 +56,17 @@ def check_hook_error(exc: pytest.ExceptionInfo[HookError], hook: str) -> None:
     assert (error.kind, error.plugin) == ("hook", "boom")
     assert f"hook plugin 'boom' raised in kv_offload_{hook}" in str(error)
     assert isinstance(error.__cause__, RuntimeError)
+
+
+def evicted_to_the_tier(pm: KVOffloadPluginManager) -> tuple[TieringOffloadingManager, ReqContext]:
+    """A 2-block tiered stack after storing 1, 2 then 3, 4: 1 and 2 are only in the tier."""
+    m = make_tiered(pm, num_blocks=2)
+    ctx = ReqContext("r")
+    store(m, ctx, 1, 2)
+    m.on_schedule_end()
+    store(m, ctx, 3, 4)  # evicts 1, 2 from the CPU tier; the tier keeps them
+    m.on_schedule_end()
+    return m, ctx
 
 
 def test_raising_blocks_stored_leaves_the_store_done(pm: KVOffloadPluginManager) -> None:
@@ -209,12 +200,7 @@ def test_tiered_raising_tier_hook_does_not_drop_other_finished_jobs(
 def test_tiered_raising_cpu_hook_in_a_promotion_leaves_it_landed(
     pm: KVOffloadPluginManager,
 ) -> None:
-    m = make_tiered(pm, num_blocks=2)
-    ctx = ReqContext("r")
-    store(m, ctx, 1, 2)
-    m.on_schedule_end()
-    store(m, ctx, 3, 4)  # evicts 1, 2 from the CPU tier; the tier keeps them
-    m.on_schedule_end()
+    m, ctx = evicted_to_the_tier(pm)
     pm.register(Boom("blocks_stored:CPU"), name="boom")
     assert m.lookup(k(1), ctx) is PENDING
     with pytest.raises(HookError) as exc:
@@ -243,12 +229,7 @@ def test_tiered_raising_cpu_blocks_stored_still_cascades(pm: KVOffloadPluginMana
 def test_tiered_raising_eviction_hook_in_a_promotion_still_promotes(
     pm: KVOffloadPluginManager,
 ) -> None:
-    m = make_tiered(pm, num_blocks=2)
-    ctx = ReqContext("r")
-    store(m, ctx, 1, 2)
-    m.on_schedule_end()
-    store(m, ctx, 3, 4)
-    m.on_schedule_end()
+    m, ctx = evicted_to_the_tier(pm)
     pm.register(Boom("blocks_evicted"), name="boom")
     with pytest.raises(HookError) as exc:
         m.lookup(k(1), ctx)  # reserves a slot by evicting 3
@@ -262,12 +243,7 @@ def test_tiered_raising_eviction_hook_in_a_promotion_still_promotes(
 def test_tiered_raising_admission_in_a_promotion_reserves_nothing(
     pm: KVOffloadPluginManager,
 ) -> None:
-    m = make_tiered(pm, num_blocks=2)
-    ctx = ReqContext("r")
-    store(m, ctx, 1, 2)
-    m.on_schedule_end()
-    store(m, ctx, 3, 4)
-    m.on_schedule_end()
+    m, ctx = evicted_to_the_tier(pm)
     boom = Boom("store_admission")
     pm.register(boom, name="boom")
     before = m.get_stats().cpu

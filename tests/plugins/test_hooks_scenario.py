@@ -25,7 +25,6 @@ from _hook_helpers import (
     BLOCK,
     HIT,
     PENDING,
-    SPECS,
     TIER,
     ScriptedTier,
     k,
@@ -34,7 +33,7 @@ from _hook_helpers import (
     num,
     store,
 )
-from _hook_plugins import EVENT_HOOKS, NoOpObserver, RecordingPlugin
+from _hook_plugins import EVENT_HOOKS, SPECS, NoOpObserver, RecordingPlugin
 from kv_offload import (
     CPUOffloadingManager,
     KVOffloadPluginManager,
@@ -119,6 +118,9 @@ def run_script(pm: KVOffloadPluginManager) -> Scripted:
         if "req_context" in norm:
             assert norm["req_context"] in (a, b)
             norm["req_context"] = norm["req_context"].req_id
+        if "seconds" in norm:  # a latency: only its type and sign are the script's
+            seconds = norm.pop("seconds")
+            assert isinstance(seconds, float) and seconds >= 0, (hook, seconds)
         log.append((current, hook, norm))
     return Scripted(log, steps, recorder.log)
 
@@ -193,6 +195,7 @@ def test_hook_tier_job_finished(scripted: Scripted) -> None:
             "success": success,
             "nbytes": nbytes,
             "req_context": req,
+            "reason": None,  # the scripted tier gives no reason for its failures
         }
 
     assert scripted.calls("tier_job_finished") == [
@@ -361,3 +364,18 @@ def test_unimplemented_hooks_are_none_on_the_hot_path(pm: KVOffloadPluginManager
     assert {name for name in SPECS if getattr(m.hooks, name) is not None} == set(EVENT_HOOKS)
     pm.unregister(observer)
     assert all(getattr(m.hooks, name) is None for name in SPECS)
+
+
+def test_generated_plugins_take_every_argument_of_their_specs(pm: KVOffloadPluginManager) -> None:
+    """The benchmark's no-op observer costs what a full observer costs, and the recorder sees
+    everything: pluggy passes each implementation exactly the spec's arguments."""
+    pm.register(NoOpObserver(), name="noop")
+    pm.register(RecordingPlugin(), name="recorder")
+    for name in SPECS:
+        spec = inspect.signature(getattr(hookspecs, "kv_offload_" + name)).parameters
+        impls = {i.plugin_name: i for i in getattr(pm.hook, "kv_offload_" + name).get_hookimpls()}
+        assert impls["recorder"].argnames == tuple(spec), name
+        if name in EVENT_HOOKS:
+            assert impls["noop"].argnames == tuple(spec), name
+        else:
+            assert "noop" not in impls, name

@@ -4,7 +4,8 @@ its reference implementation (``kv_offload_lru.reference``, ``kv_offload_arc.ref
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from kv_offload import (
     CachePolicy,
@@ -17,6 +18,7 @@ from kv_offload import (
 from kv_offload.block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
 
 CTX = ReqContext(req_id="test")
+P = TypeVar("P", bound=CachePolicy)
 
 
 def k(i: int) -> OffloadKey:
@@ -36,6 +38,39 @@ class Blocks:
         block = self.cls(self.next)
         self.refs[block] = ref_cnt
         self.next += 1
+        return block
+
+
+class PolicyHarness(Generic[P]):
+    """Drives a policy like the manager does: evict when full, insert, mark stored idle."""
+
+    def __init__(self, policy: P, capacity: int, slots: int = 100_000) -> None:
+        self.capacity = capacity
+        self.policy = policy
+        self.blocks = Blocks(slots)
+
+    def store(self, keys: Iterable[OffloadKey]) -> None:
+        """Store the keys that are not resident, evicting as needed; assert it succeeds."""
+        policy = self.policy
+        to_store = [key for key in keys if policy.get(key) is None]
+        shortfall = len(policy) + len(to_store) - self.capacity  # type: ignore[arg-type]
+        if shortfall > 0:
+            assert policy.evict(shortfall, set(to_store)) is not None
+        blocks = [self.blocks.new() for _ in to_store]
+        policy.insert_many(to_store, blocks)
+        for block in blocks:
+            self.blocks.refs[block] = 0
+
+    def set_ref(self, key: OffloadKey, ref_cnt: int) -> None:
+        """Pin (n > 0), mark pending (-1) or release (0) a resident block."""
+        self.blocks.refs[self.block(key)] = ref_cnt
+
+    def ref(self, key: OffloadKey) -> int:
+        return self.blocks.refs[self.block(key)]
+
+    def block(self, key: OffloadKey) -> BlockStatus:
+        block = self.policy.get(key)
+        assert block is not None
         return block
 
 

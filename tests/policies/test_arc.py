@@ -9,53 +9,25 @@ rather than speed, checks the optimised structures on long random workloads.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
 
 import pytest
-from _policy_harness import CTX, Blocks, k, match_reference, run_request
+from _policy_harness import CTX, PolicyHarness, k, match_reference, run_request
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
     OffloadKey,
     ReqContext,
 )
-from kv_offload.block_status import BlockStatus
 from kv_offload.policies import key_queue
 from kv_offload_arc import ARCCachePolicy
 from kv_offload_arc.reference import ReferenceARCCachePolicy
 
 
-class Harness:
-    """Drives a policy like the manager does: evict when full, insert, mark stored idle."""
+class Harness(PolicyHarness[ARCCachePolicy]):
+    """The policy harness over an ARC policy, plus ARC's own request model."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.policy = ARCCachePolicy(capacity)
-        self.blocks = Blocks(capacity * 1000)
-
-    def store(self, keys: Iterable[OffloadKey]) -> None:
-        """Store the keys that are not resident, evicting as needed; assert it succeeds."""
-        policy = self.policy
-        to_store = [key for key in keys if policy.get(key) is None]
-        shortfall = len(policy) + len(to_store) - self.capacity
-        if shortfall > 0:
-            assert policy.evict(shortfall, set(to_store)) is not None
-        blocks = [self.blocks.new() for _ in to_store]
-        policy.insert_many(to_store, blocks)
-        for block in blocks:
-            self.blocks.refs[block] = 0
-
-    def set_ref(self, key: OffloadKey, ref_cnt: int) -> None:
-        """Pin (n > 0), mark pending (-1) or release (0) a resident block."""
-        self.blocks.refs[self.block(key)] = ref_cnt
-
-    def ref(self, key: OffloadKey) -> int:
-        return self.blocks.refs[self.block(key)]
-
-    def block(self, key: OffloadKey) -> BlockStatus:
-        block = self.policy.get(key)
-        assert block is not None
-        return block
+        super().__init__(ARCCachePolicy(capacity), capacity, slots=capacity * 1000)
 
     def access(self, key: OffloadKey) -> bool:
         """One ARC request: a hit is touched, a miss stored. Returns whether it hit."""

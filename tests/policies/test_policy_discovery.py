@@ -15,46 +15,9 @@ import pytest
 from _dists import DESCRIBE_EXCEPTION, DistSpec, PluginEnv, can_build_with_setuptools
 from kv_offload.policies import POLICY_ENTRY_POINT_GROUP as GROUP
 
-FIFO_SOURCE = '''
-"""First-in first-out eviction: touch() never reorders."""
-from collections import OrderedDict
-
-from kv_offload import CachePolicy
-
-
-class FIFOCachePolicy(CachePolicy):
-    def __init__(self, cache_capacity):
-        super().__init__(cache_capacity)
-        self._blocks = OrderedDict()
-
-    def get(self, key):
-        return self._blocks.get(key)
-
-    def insert(self, key, block):
-        self._blocks[key] = block
-
-    def remove(self, key):
-        self._blocks.pop(key, None)
-
-    def touch(self, keys, req_context):
-        pass
-
-    def evict(self, n, protected):
-        victims = []
-        for key, block in self._blocks.items():
-            if len(victims) == n:
-                break
-            if block.ref_cnt == 0 and key not in protected:
-                victims.append((key, block))
-        if len(victims) < n:
-            return None
-        for key, _ in victims:
-            del self._blocks[key]
-        return victims
-
-    def clear(self):
-        self._blocks.clear()
-'''
+ROOT = Path(__file__).resolve().parents[2]
+#: The shipped FIFO example policy, installed here under a test distribution's name.
+FIFO_SOURCE = (ROOT / "examples" / "policy-fifo" / "kv_offload_fifo.py").read_text()
 
 FIFO = DistSpec(
     name="kv-offload-fifo-test",
@@ -73,18 +36,20 @@ BROKEN = DistSpec(
     entry_points={GROUP: {"broken": "kv_offload_broken_test:BrokenPolicy"}},
 )
 DUP_SOURCE = "from kv_offload_fifo_test import FIFOCachePolicy as Policy\n"
-DUP_A = DistSpec(
-    name="kv-offload-dup-a-test",
-    version="0.1.0",
-    files={"kv_offload_dup_a_test.py": DUP_SOURCE},
-    entry_points={GROUP: {"dup": "kv_offload_dup_a_test:Policy"}},
-)
-DUP_B = DistSpec(
-    name="kv-offload-dup-b-test",
-    version="0.2.0",
-    files={"kv_offload_dup_b_test.py": DUP_SOURCE},
-    entry_points={GROUP: {"dup": "kv_offload_dup_b_test:Policy"}},
-)
+
+
+def dup_dist(letter: str, version: str) -> DistSpec:
+    """One of two distributions that both claim the policy name ``dup``."""
+    module = f"kv_offload_dup_{letter}_test"
+    return DistSpec(
+        name=f"kv-offload-dup-{letter}-test",
+        version=version,
+        files={f"{module}.py": DUP_SOURCE},
+        entry_points={GROUP: {"dup": f"{module}:Policy"}},
+    )
+
+
+DUP_A, DUP_B = dup_dist("a", "0.1.0"), dup_dist("b", "0.2.0")
 NOTSUB = DistSpec(
     name="kv-offload-notsub-test",
     version="0.3.0",

@@ -168,20 +168,6 @@ def evicted_after_touch(manager: CPUOffloadingManager) -> list[bytes]:
 
 
 @pytest.fixture
-def register() -> Iterator[Callable[[str, str, str], None]]:
-    """``register(name, module_path, class_name)``; every name is unregistered afterwards."""
-    names: list[str] = []
-
-    def _register(name: str, module_path: str, class_name: str) -> None:
-        CachePolicyFactory.register_cache_policy(name, module_path, class_name)
-        names.append(name)
-
-    yield _register
-    for name in names:
-        CachePolicyFactory.unregister_cache_policy(name)
-
-
-@pytest.fixture
 def policies_module(make_module: ModuleFactory) -> str:
     """The name of a fresh module holding POLICIES_SOURCE (not imported yet)."""
     return make_module(POLICIES_SOURCE)
@@ -246,8 +232,10 @@ def test_default_policy_is_lru() -> None:
 # -- runtime registration -------------------------------------------------------------------
 
 
-def test_register_resolves_lazily(register: Callable[..., None], policies_module: str) -> None:
-    register("mru-test", policies_module, "MRUPolicy")
+def test_register_resolves_lazily(
+    register_policy: Callable[..., None], policies_module: str
+) -> None:
+    register_policy("mru-test", policies_module, "MRUPolicy")
     assert policies_module not in sys.modules, "registration must not import the module"
     cls = CachePolicyFactory.get_cache_policy_cls("mru-test")
     assert policies_module in sys.modules
@@ -257,8 +245,10 @@ def test_register_resolves_lazily(register: Callable[..., None], policies_module
     assert CachePolicyFactory.get_cache_policy_cls("mru-test") is cls
 
 
-def test_registered_policy_end_to_end(register: Callable[..., None], policies_module: str) -> None:
-    register("mru-test", policies_module, "MRUPolicy")
+def test_registered_policy_end_to_end(
+    register_policy: Callable[..., None], policies_module: str
+) -> None:
+    register_policy("mru-test", policies_module, "MRUPolicy")
     manager = CPUOffloadingManager(3, cache_policy="mru-test")
     assert manager.cache_policy_name == "mru-test"
     assert type(manager.policy).__name__ == "MRUPolicy"
@@ -275,9 +265,9 @@ def test_registered_policy_end_to_end(register: Callable[..., None], policies_mo
 
 
 def test_registered_policy_listed_without_import(
-    register: Callable[..., None], policies_module: str
+    register_policy: Callable[..., None], policies_module: str
 ) -> None:
-    register("mru-test", policies_module, "MRUPolicy")
+    register_policy("mru-test", policies_module, "MRUPolicy")
     infos = [i for i in CachePolicyFactory.available_policies() if i.name == "mru-test"]
     assert infos == [
         PluginInfo("mru-test", "policy", f"{policies_module}:MRUPolicy", "runtime registration")
@@ -286,10 +276,10 @@ def test_registered_policy_listed_without_import(
 
 
 def test_registration_takes_precedence_over_installed_policy(
-    register: Callable[..., None], policies_module: str
+    register_policy: Callable[..., None], policies_module: str
 ) -> None:
     lru = CachePolicyFactory.get_cache_policy_cls("lru")  # resolved (and cached) first
-    register("lru", policies_module, "MRUPolicy")
+    register_policy("lru", policies_module, "MRUPolicy")
     shadow = CachePolicyFactory.get_cache_policy_cls("lru")
     assert shadow is not lru
     assert (shadow.__module__, shadow.__name__) == (policies_module, "MRUPolicy")
@@ -299,8 +289,10 @@ def test_registration_takes_precedence_over_installed_policy(
     assert evicted_after_touch(CPUOffloadingManager(3)) == [k(1)]
 
 
-def test_unregister_forgets_the_name(register: Callable[..., None], policies_module: str) -> None:
-    register("fifo-test", policies_module, "FIFOPolicy")
+def test_unregister_forgets_the_name(
+    register_policy: Callable[..., None], policies_module: str
+) -> None:
+    register_policy("fifo-test", policies_module, "FIFOPolicy")
     assert CachePolicyFactory.get_cache_policy_cls("fifo-test").__name__ == "FIFOPolicy"
     CachePolicyFactory.unregister_cache_policy("fifo-test")
     with pytest.raises(PluginNotFoundError, match="unknown policy 'fifo-test'"):
@@ -308,10 +300,12 @@ def test_unregister_forgets_the_name(register: Callable[..., None], policies_mod
     CachePolicyFactory.unregister_cache_policy("never-registered")  # ignored
 
 
-def test_duplicate_registration_raises(register: Callable[..., None], policies_module: str) -> None:
-    register("dup-test", policies_module, "MRUPolicy")
+def test_duplicate_registration_raises(
+    register_policy: Callable[..., None], policies_module: str
+) -> None:
+    register_policy("dup-test", policies_module, "MRUPolicy")
     with pytest.raises(DuplicateRegistrationError) as excinfo:
-        register("dup-test", policies_module, "FIFOPolicy")
+        register_policy("dup-test", policies_module, "FIFOPolicy")
     err = excinfo.value
     assert isinstance(err, PluginError) and isinstance(err, KVOffloadError)
     assert (err.kind, err.plugin) == ("policy", "dup-test")
@@ -323,7 +317,7 @@ def test_duplicate_registration_raises(register: Callable[..., None], policies_m
     assert CachePolicyFactory.get_cache_policy_cls("dup-test").__name__ == "MRUPolicy"
     # And after unregistering, the name is free again.
     CachePolicyFactory.unregister_cache_policy("dup-test")
-    register("dup-test", policies_module, "FIFOPolicy")
+    register_policy("dup-test", policies_module, "FIFOPolicy")
     assert CachePolicyFactory.get_cache_policy_cls("dup-test").__name__ == "FIFOPolicy"
 
 
@@ -331,9 +325,9 @@ def test_duplicate_registration_raises(register: Callable[..., None], policies_m
 
 
 def test_unknown_policy_lists_installed_and_mentions_module_path(
-    register: Callable[..., None], policies_module: str
+    register_policy: Callable[..., None], policies_module: str
 ) -> None:
-    register("mru-test", policies_module, "MRUPolicy")
+    register_policy("mru-test", policies_module, "MRUPolicy")
     with pytest.raises(PluginNotFoundError) as excinfo:
         CachePolicyFactory.get_cache_policy_cls("no-such-policy")
     err = excinfo.value
@@ -432,9 +426,9 @@ def test_module_path_is_per_module(make_module: ModuleFactory) -> None:
 
 
 def test_module_path_ignored_when_name_resolves_earlier(
-    register: Callable[..., None], policies_module: str
+    register_policy: Callable[..., None], policies_module: str
 ) -> None:
-    register("mru-test", policies_module, "MRUPolicy")
+    register_policy("mru-test", policies_module, "MRUPolicy")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         manager = CPUOffloadingManager(3, cache_policy_module_path="kvo_no_such_module")
@@ -474,8 +468,8 @@ def test_module_path_without_the_class(policies_module: str) -> None:
 # -- import failures of registered policies -------------------------------------------------
 
 
-def test_registered_missing_module_chains_cause(register: Callable[..., None]) -> None:
-    register("ghost", "kvo_no_such_module", "Ghost")
+def test_registered_missing_module_chains_cause(register_policy: Callable[..., None]) -> None:
+    register_policy("ghost", "kvo_no_such_module", "Ghost")
     with pytest.raises(PluginImportError) as excinfo:
         CPUOffloadingManager(3, cache_policy="ghost")
     err = excinfo.value
@@ -486,9 +480,9 @@ def test_registered_missing_module_chains_cause(register: Callable[..., None]) -
 
 
 def test_registered_missing_class_chains_cause(
-    register: Callable[..., None], policies_module: str
+    register_policy: Callable[..., None], policies_module: str
 ) -> None:
-    register("ghost", policies_module, "Ghost")
+    register_policy("ghost", policies_module, "Ghost")
     with pytest.raises(PluginImportError) as excinfo:
         CachePolicyFactory.get_cache_policy_cls("ghost")
     assert isinstance(excinfo.value.__cause__, AttributeError)
@@ -496,10 +490,10 @@ def test_registered_missing_class_chains_cause(
 
 
 def test_registered_module_raising_on_import(
-    register: Callable[..., None], make_module: ModuleFactory
+    register_policy: Callable[..., None], make_module: ModuleFactory
 ) -> None:
     module = make_module("raise RuntimeError('no GPU driver here')\n")
-    register("explodes", module, "Policy")
+    register_policy("explodes", module, "Policy")
     for _ in range(2):  # a failed import is not cached as a success, nor hidden the 2nd time
         with pytest.raises(PluginImportError) as excinfo:
             CachePolicyFactory.get_cache_policy_cls("explodes")
@@ -512,9 +506,9 @@ def test_registered_module_raising_on_import(
 
 @pytest.mark.parametrize("attr", ["NotAPolicy", "not_a_class", "an_instance"])
 def test_registered_non_subclass_raises_type_error(
-    register: Callable[..., None], policies_module: str, attr: str
+    register_policy: Callable[..., None], policies_module: str, attr: str
 ) -> None:
-    register("impostor", policies_module, attr)
+    register_policy("impostor", policies_module, attr)
     for _ in range(2):  # not cached either
         with pytest.raises(PluginTypeError) as excinfo:
             CPUOffloadingManager(3, cache_policy="impostor")

@@ -4,38 +4,17 @@ a step-by-step match with a straightforward reference, and use through the manag
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
 
 import pytest
-from _policy_harness import CTX, Blocks, k, match_reference, run_request
+from _policy_harness import CTX, PolicyHarness, k, match_reference, run_request
 from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext, build_manager
 from kv_offload_reuse import SLOTS_PER_BLOCK, WINDOW, ReuseCachePolicy, slot_of
 from kv_offload_reuse.reference import ReferenceReusePolicy
 
 
-class Harness:
-    """Drives the policy like the manager does: evict when full, insert, mark stored idle."""
-
+class Harness(PolicyHarness[ReuseCachePolicy]):
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.policy = ReuseCachePolicy(capacity)
-        self.blocks = Blocks(100_000)
-
-    def store(self, keys: Iterable[OffloadKey]) -> None:
-        policy = self.policy
-        to_store = [key for key in keys if policy.get(key) is None]
-        shortfall = len(policy) + len(to_store) - self.capacity
-        if shortfall > 0:
-            assert policy.evict(shortfall, set(to_store)) is not None
-        blocks = [self.blocks.new() for _ in to_store]
-        policy.insert_many(to_store, blocks)
-        for block in blocks:
-            self.blocks.refs[block] = 0
-
-    def set_ref(self, key: OffloadKey, ref_cnt: int) -> None:
-        block = self.policy.get(key)
-        assert block is not None
-        self.blocks.refs[block] = ref_cnt
+        super().__init__(ReuseCachePolicy(capacity), capacity)
 
 
 def distinct_slots(policy: ReuseCachePolicy, n: int) -> list[OffloadKey]:

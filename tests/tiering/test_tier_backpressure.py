@@ -345,6 +345,21 @@ def ema_gate(clock: Clock, **options: Any) -> CascadeGate:
     return CascadeGate(detector, DropAll(), 0)
 
 
+def pressured(**options: Any) -> tuple[TieringOffloadingManager, HeldTier, CascadeGate, Clock]:
+    """A stack whose tier went under pressure: one store (block 0) held 2 ms, far above the
+    1 us per MiB high-water mark (alpha 1: the last store is the average)."""
+    clock = Clock()
+    gate = ema_gate(clock, warmup=0, alpha=1.0, high_water_s_per_mib=1e-6,
+                    low_water_s_per_mib=1e-7, **options)  # fmt: skip
+    m, tier = stack(gate)
+    m.on_new_request(CTX)
+    store(m, 0)
+    time.sleep(0.002)  # a slow store: way above 1 us per MiB
+    tier.release()
+    m.on_schedule_end()
+    return m, tier, gate, clock
+
+
 def test_ema_updates_when_a_store_job_completes() -> None:
     clock = Clock()
     m, tier = stack(ema_gate(clock, warmup=0, alpha=0.5))
@@ -362,15 +377,7 @@ def test_ema_updates_when_a_store_job_completes() -> None:
 
 
 def test_pressure_sheds_cascades_counts_them_and_keeps_the_blocks_in_cpu() -> None:
-    clock = Clock()
-    gate = ema_gate(clock, warmup=0, alpha=1.0, high_water_s_per_mib=1e-6,
-                    low_water_s_per_mib=1e-7, decay_half_life_s=0)  # fmt: skip
-    m, tier = stack(gate)
-    m.on_new_request(CTX)
-    store(m, 0)
-    time.sleep(0.002)  # a slow store: way above 1 us per MiB
-    tier.release()
-    m.on_schedule_end()
+    m, tier, gate, _ = pressured(decay_half_life_s=0)
     assert gate.detector.under_pressure()
     store(m, 1, 2, 3)
     store(m, 4)
@@ -383,15 +390,7 @@ def test_pressure_sheds_cascades_counts_them_and_keeps_the_blocks_in_cpu() -> No
 
 
 def test_stores_resume_after_pressure_clears() -> None:
-    clock = Clock()
-    gate = ema_gate(clock, warmup=0, alpha=1.0, high_water_s_per_mib=1e-6,
-                    low_water_s_per_mib=1e-7)  # fmt: skip
-    m, tier = stack(gate)
-    m.on_new_request(CTX)
-    store(m, 0)
-    time.sleep(0.002)
-    tier.release()
-    m.on_schedule_end()
+    m, tier, _, clock = pressured()
     store(m, 1)
     assert m.tier_stats()[0].dropped_cascades == 1
     clock.now += 600.0  # idle decay: the average is back under the low mark
@@ -452,15 +451,7 @@ def test_loads_continue_under_pressure() -> None:
 
 
 def test_reset_cache_clears_backpressure() -> None:
-    clock = Clock()
-    gate = ema_gate(clock, warmup=0, alpha=1.0, high_water_s_per_mib=1e-6,
-                    low_water_s_per_mib=1e-7, decay_half_life_s=0)  # fmt: skip
-    m, tier = stack(gate)
-    m.on_new_request(CTX)
-    store(m, 0)
-    time.sleep(0.002)
-    tier.release()
-    m.on_schedule_end()
+    m, _, gate, _ = pressured(decay_half_life_s=0)
     store(m, 1)
     assert gate.detector.under_pressure() and m.tier_stats()[0].dropped_cascades == 1
     m.reset_cache()

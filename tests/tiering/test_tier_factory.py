@@ -100,19 +100,6 @@ def tiers_module(make_module: ModuleFactory) -> str:
     return make_module(TIERS_SOURCE, prefix="kvo_test_tiers")
 
 
-@pytest.fixture
-def register() -> Iterator[Callable[[str, str, str], None]]:
-    names: list[str] = []
-
-    def _register(name: str, module_path: str, class_name: str) -> None:
-        SecondaryTierFactory.register_tier(name, module_path, class_name)
-        names.append(name)
-
-    yield _register
-    for name in names:
-        SecondaryTierFactory.unregister_tier(name)
-
-
 def runtime_names() -> set[str]:
     return {
         i.name for i in SecondaryTierFactory.available_tiers() if i.source == "runtime registration"
@@ -177,8 +164,8 @@ def test_tier_argument_validated_by_the_tier(view: memoryview) -> None:
 # -- runtime registration ---------------------------------------------------------------------
 
 
-def test_register_new_tier_type(view: memoryview, register: Callable[..., None]) -> None:
-    register("custom_tier", "kv_offload_example_tier", "ExampleSecondaryTierManager")
+def test_register_new_tier_type(view: memoryview, register_tier: Callable[..., None]) -> None:
+    register_tier("custom_tier", "kv_offload_example_tier", "ExampleSecondaryTierManager")
     tier = create({"type": "custom_tier", "capacity_blocks": 99}, view)
     assert tier.tier_type == tier.name == "custom_tier"
     assert isinstance(tier, ExampleSecondaryTierManager)
@@ -187,9 +174,9 @@ def test_register_new_tier_type(view: memoryview, register: Callable[..., None])
 
 
 def test_register_is_lazy(
-    view: memoryview, register: Callable[..., None], tiers_module: str
+    view: memoryview, register_tier: Callable[..., None], tiers_module: str
 ) -> None:
-    register("lazy-tier", tiers_module, "OutOfTree")
+    register_tier("lazy-tier", tiers_module, "OutOfTree")
     assert tiers_module not in sys.modules, "registration must not import the module"
     tier = create({"type": "lazy-tier", "root": "/data"}, view)
     assert tiers_module in sys.modules
@@ -198,25 +185,27 @@ def test_register_is_lazy(
 
 
 def test_registration_shadows_nothing_after_unregister(
-    view: memoryview, register: Callable[..., None], tiers_module: str
+    view: memoryview, register_tier: Callable[..., None], tiers_module: str
 ) -> None:
-    register("t-unreg", tiers_module, "OutOfTree")
+    register_tier("t-unreg", tiers_module, "OutOfTree")
     SecondaryTierFactory.unregister_tier("t-unreg")
     with pytest.raises(PluginNotFoundError):
         create({"type": "t-unreg"}, view)
 
 
-def test_duplicate_registration_raises(register: Callable[..., None], tiers_module: str) -> None:
-    register("dup-tier", tiers_module, "OutOfTree")
+def test_duplicate_registration_raises(
+    register_tier: Callable[..., None], tiers_module: str
+) -> None:
+    register_tier("dup-tier", tiers_module, "OutOfTree")
     with pytest.raises(DuplicateRegistrationError, match="is already registered"):
         SecondaryTierFactory.register_tier("dup-tier", "some.module", "SomeClass")
 
 
 def test_registered_module_that_fails_to_import(
-    view: memoryview, register: Callable[..., None], make_module: ModuleFactory
+    view: memoryview, register_tier: Callable[..., None], make_module: ModuleFactory
 ) -> None:
     broken = make_module("raise RuntimeError('no native backend')\n", prefix="kvo_broken_tier")
-    register("broken-tier", broken, "Tier")
+    register_tier("broken-tier", broken, "Tier")
     with pytest.raises(PluginImportError, match=r"broken-tier.*failed to import") as info:
         create({"type": "broken-tier"}, view)
     assert isinstance(info.value.__cause__, RuntimeError)
@@ -251,9 +240,9 @@ def test_unknown_tier_type_raises(view: memoryview) -> None:
 
 
 def test_unknown_tier_lists_runtime_registrations(
-    view: memoryview, register: Callable[..., None], tiers_module: str
+    view: memoryview, register_tier: Callable[..., None], tiers_module: str
 ) -> None:
-    register("listed-tier", tiers_module, "OutOfTree")
+    register_tier("listed-tier", tiers_module, "OutOfTree")
     with pytest.raises(PluginNotFoundError, match="'listed-tier'"):
         create({"type": "nope"}, view)
 
@@ -306,9 +295,9 @@ def test_class_not_a_tier_subclass(view: memoryview, tiers_module: str, name: st
 
 
 def test_registered_class_not_a_tier_subclass(
-    view: memoryview, register: Callable[..., None], tiers_module: str
+    view: memoryview, register_tier: Callable[..., None], tiers_module: str
 ) -> None:
-    register("impostor", tiers_module, "NotATier")
+    register_tier("impostor", tiers_module, "NotATier")
     with pytest.raises(PluginTypeError, match="impostor"):
         create({"type": "impostor"}, view)
 

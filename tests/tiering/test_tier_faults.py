@@ -1,6 +1,10 @@
 """Fault injection: thousands of seeded requests through a small CPU tier and several faulty
 secondary tiers (failed jobs, late results, ``submit_*`` raising), with real bytes.
 
+The tiers are the shipped ``faulty`` wrapper around the example tier, with ``defer_transfer``:
+bytes move when a job's result is released, not when it is submitted, so a manager that
+released a pin or reused a reserved slot too early would corrupt what it reads back.
+
 Every block's bytes derive from its key (:func:`_tiers.block_bytes`), so every read back is
 checked. After the run and a drain: no pin or reservation leaks, no job outstanding, every
 ``PENDING`` answer resolved to ``HIT`` or ``MISS`` within a bounded number of steps, and the
@@ -10,14 +14,13 @@ bytes in the CPU tier and in every tier are the right ones.
 from __future__ import annotations
 
 import itertools
-import logging
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
-from _tiers import FaultyTier, block_bytes, key
+from _tiers import block_bytes, faulty_tier, held_blocks, key
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
@@ -26,37 +29,30 @@ from kv_offload import (
     ReqContext,
     TieringOffloadingManager,
 )
+from kv_offload_faulty_tier import FaultyTier
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
 BLOCK = 256
 TIERS = [
-    # name, fault arguments
-    ("flaky", {"fail_rate": 0.15, "max_delay": 2, "raise_rate": 0.05, "capacity_blocks": 80}),
-    ("slow", {"fail_rate": 0.02, "max_delay": 5, "capacity_blocks": 300}),
-    ("crashy", {"fail_rate": 0.05, "max_delay": 1, "raise_rate": 0.25}),
+    # name, fault arguments, the inner example tier's capacity
+    ("flaky", {"fail_rate": 0.15, "delay_polls": 2, "raise_rate": 0.05}, 80),
+    ("slow", {"fail_rate": 0.02, "delay_polls": 5}, 300),
+    ("crashy", {"fail_rate": 0.05, "delay_polls": 1, "raise_rate": 0.25}, None),
 ]
-MAX_DELAY = max(args.get("max_delay", 0) for _, args in TIERS)
+MAX_DELAY = max(args.get("delay_polls", 0) for _, args, _ in TIERS)
 #: A promotion queued in step s is submitted at the end of s and reported within MAX_DELAY
 #: more polls, one per on_schedule_end(): it resolves by the end of step s + MAX_DELAY.
 PENDING_BOUND = MAX_DELAY + 1
 
 
-@pytest.fixture(autouse=True)
-def quiet_tiering_log() -> Iterator[None]:
-    """The manager logs each raising submit_* with a traceback; thousands of those would
-    only slow the run down (the tier counters say how many there were)."""
-    logger = logging.getLogger("kv_offload.tiering")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
+pytestmark = pytest.mark.usefixtures("quiet_tiering_log")
 
 
 class Bytes:
-    """Expected block bytes, cached."""
+    """Expected block bytes, cached for the whole module: they depend only on the key, and the
+    runs of every seed share most keys."""
 
-    def __init__(self) -> None:
-        self._rows: dict[OffloadKey, np.ndarray] = {}
+    _rows: dict[OffloadKey, np.ndarray] = {}  # noqa: RUF012 - one cache for every instance
 
     def __call__(self, keys: list[OffloadKey]) -> np.ndarray:
         rows = self._rows
@@ -97,8 +93,8 @@ def build(
     assert primary.kv_buffer is not None
     config = OffloadingConfig(capacity, BLOCK)
     tiers = [
-        FaultyTier(config, primary.kv_buffer.view, name, seed=seed * 31 + i, **args)  # type: ignore[arg-type]
-        for i, (name, args) in enumerate(TIERS)
+        faulty_tier(config, primary.kv_buffer.view, name, inner, seed=seed * 31 + i, **args)
+        for i, (name, args, inner) in enumerate(TIERS)
     ]
     return TieringOffloadingManager(primary, tiers, drain_timeout=5.0), tiers
 
@@ -241,9 +237,10 @@ def check_all_bytes(m: TieringOffloadingManager, tiers: list[FaultyTier], keys: 
         np.testing.assert_array_equal(m.kv_buffer.read_blocks(spec.block_ids), expect(resident))
         m.complete_load(resident, ctx)
     for tier in tiers:
-        held = list(tier._blocks)
+        blocks = held_blocks(tier)
+        held = list(blocks)
         assert held, f"tier {tier.name} holds nothing"
-        rows = np.stack([np.frombuffer(tier._blocks[k], np.uint8) for k in held])
+        rows = np.stack([blocks[k] for k in held])
         np.testing.assert_array_equal(rows, expect(held), err_msg=f"bytes in tier {tier.name}")
 
 
@@ -269,16 +266,19 @@ def test_thousands_of_requests_with_faulty_tiers(seed: int, policy: str) -> None
     assert report.max_request_wait <= 150
     for tier, tier_stats in zip(tiers, stats.tiers):
         c = tier.counters
-        assert c.failed > 0 and c.torn_writes > 0, tier.name
+        assert c.failed > 0 and c.torn_loads > 0, tier.name
         assert tier_stats.failed_promotions > 0 and tier_stats.failed_cascades > 0, tier.name
         assert tier_stats.promoted_blocks > 0 and tier_stats.cascaded_blocks > 0, tier.name
-        if tier.max_delay:
+        if tier.plan.delay_polls:
             assert c.delayed > 0, tier.name
-        if tier.raise_rate:
+        if tier.plan.raise_rate:
             assert c.raised > 0, tier.name
-        # Every accepted job reported exactly once; every raise failed its job right away.
-        assert c.submitted + c.raised == sum(c.counts_by_dir.values())
-        assert not tier._in_flight and not tier._storing
+        # Every accepted job reported exactly once, and the manager counted each block the
+        # tier moved; a raise failed its job right away (counted by the manager, not moved).
+        assert c.released == c.submitted, tier.name
+        assert c.stored_blocks == tier_stats.cascaded_blocks, tier.name
+        assert c.loaded_blocks == tier_stats.promoted_blocks, tier.name
+        assert tier.in_flight == 0 and not tier._storing
     assert sum(t.counters.raised for t in tiers) > 100
     m.shutdown()
     assert all(t.counters.shutdowns == 1 for t in tiers)
@@ -295,11 +295,16 @@ def test_runs_are_deterministic() -> None:
 # -- one fault at a time --------------------------------------------------------------------------
 
 
-def _single_tier(capacity: int, **faults: object) -> tuple[TieringOffloadingManager, FaultyTier]:
+def _single_tier(capacity: int, **faults: Any) -> tuple[TieringOffloadingManager, FaultyTier]:
     primary = CPUOffloadingManager(capacity, block_size_bytes=BLOCK)
     assert primary.kv_buffer is not None
-    tier = FaultyTier(OffloadingConfig(capacity, BLOCK), primary.kv_buffer.view, "t", **faults)  # type: ignore[arg-type]
+    tier = faulty_tier(OffloadingConfig(capacity, BLOCK), primary.kv_buffer.view, "t", **faults)
     return TieringOffloadingManager(primary, [tier], drain_timeout=5.0), tier
+
+
+def _plant(tier: FaultyTier, k: OffloadKey) -> None:
+    """Give the wrapped tier a block directly, past the faults."""
+    held_blocks(tier)[k] = np.frombuffer(block_bytes(k, BLOCK), np.uint8).copy()
 
 
 def _store(m: TieringOffloadingManager, ids: list[int], ctx: ReqContext) -> None:
@@ -311,7 +316,7 @@ def _store(m: TieringOffloadingManager, ids: list[int], ctx: ReqContext) -> None
 
 @pytest.mark.parametrize("delay", [0, 1, 3, 6])
 def test_late_results_resolve_after_exactly_k_polls(delay: int) -> None:
-    m, _ = _single_tier(2, min_delay=delay, max_delay=delay)
+    m, _ = _single_tier(2, min_delay_polls=delay, delay_polls=delay)
     ctx = ReqContext("r")
     _store(m, [1, 2], ctx)
     for _ in range(delay + 1):
@@ -339,13 +344,13 @@ def test_every_job_failing() -> None:
     m.on_schedule_end()
     assert m.get_stats().tiers[0].failed_cascades == 2
     assert tier.lookup(key(1), ctx) is False  # nothing reached the tier
-    tier._blocks[key(1)] = block_bytes(key(1), BLOCK)  # ...so give it a block directly
+    _plant(tier, key(1))  # ...so give it a block directly
     _store(m, [3, 4], ctx)
     m.on_schedule_end()
     assert m.lookup(key(1), ctx) is PENDING
     m.on_schedule_end()
     assert m.primary.lookup(key(1), ctx) is MISS  # failed (and torn): the slot is freed
-    assert tier.counters.torn_writes == 1
+    assert tier.counters.torn_loads == 1
     check_no_leaks(m)
     assert m.get_stats().cpu.free_blocks == 1
 
@@ -356,7 +361,7 @@ def test_every_submit_raising() -> None:
     _store(m, [1, 2], ctx)  # the cascade raises: failed at once, nothing pinned
     assert m.get_stats().cpu.pinned_blocks == 0
     assert m.get_stats().tiers[0].failed_cascades == 2
-    tier._blocks[key(1)] = block_bytes(key(1), BLOCK)
+    _plant(tier, key(1))
     _store(m, [3, 4], ctx)
     assert m.lookup(key(1), ctx) is PENDING  # a slot is reserved; the submit comes at step end
     m.on_schedule_end()  # submit_load raises: the promotion fails, the slot is freed

@@ -9,11 +9,12 @@ end of each step (which submits promotions and collects finished tier jobs).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
-from _tiers import FaultyTier, InjectedFault, RecordingTier, block_bytes, expected_rows, key
+from _tiers import RecordingTier, block_bytes, expected_rows, faulty_tier, key
 from kv_offload import (
     ConfigError,
     CPUOffloadingManager,
@@ -29,6 +30,7 @@ from kv_offload import (
     TieringOffloadingManager,
 )
 from kv_offload_example_tier import ExampleSecondaryTierManager
+from kv_offload_faulty_tier import InjectedFault
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
 BLOCK = 4096  # bytes per block
@@ -42,15 +44,22 @@ def rand_rows(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, BLOCK), dtype=np.uint8)
 
 
+def cpu_tier(
+    num_blocks: int, **kw: Any
+) -> tuple[CPUOffloadingManager, OffloadingConfig, memoryview]:
+    """A CPU tier of ``num_blocks`` with a KV buffer, the tiers' config, and the buffer's view
+    the tiers copy through."""
+    primary = CPUOffloadingManager(num_blocks, block_size_bytes=BLOCK, **kw)
+    assert primary.kv_buffer is not None
+    return primary, OffloadingConfig(num_blocks, BLOCK), primary.kv_buffer.view
+
+
 def stack(num_blocks: int, *tiers: ExampleSecondaryTierManager | None, **kw: object):
     """``(manager, tiers)``: a CPU tier of ``num_blocks`` with a KV buffer, and the tiers
     built over its view (``None`` entries become RecordingTiers named tier0, tier1...)."""
-    primary = CPUOffloadingManager(num_blocks, block_size_bytes=BLOCK, **kw)  # type: ignore[arg-type]
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(num_blocks, BLOCK)
+    primary, config, view = cpu_tier(num_blocks, **kw)
     built = [
-        t if t is not None else RecordingTier(config, primary.kv_buffer.view, f"tier{i}")
-        for i, t in enumerate(tiers)
+        t if t is not None else RecordingTier(config, view, f"tier{i}") for i, t in enumerate(tiers)
     ]
     return TieringOffloadingManager(primary, built, drain_timeout=5.0), built
 
@@ -90,14 +99,6 @@ def assert_clean(m: TieringOffloadingManager) -> None:
     assert stats.cpu.pending_blocks == 0
     assert stats.cpu.free_blocks + stats.cpu.resident_blocks == stats.cpu.capacity
     assert not m.has_pending_work()
-
-
-@pytest.fixture
-def registered_tiers() -> Iterator[list[str]]:
-    names: list[str] = []
-    yield names
-    for name in names:
-        SecondaryTierFactory.unregister_tier(name)
 
 
 # -- the full round trip --------------------------------------------------------------------
@@ -146,17 +147,11 @@ def test_round_trip_through_example_tier() -> None:
     assert_clean(m)
 
 
-def test_round_trip_through_two_tiers(registered_tiers: list[str]) -> None:
+def test_round_trip_through_two_tiers(register_tier: Callable[..., None]) -> None:
     """Two example tiers: the first (small) loses old blocks, the second keeps them. The
     second is a runtime-registered tier type built by the factory."""
-    SecondaryTierFactory.register_tier(
-        "example-big", "kv_offload_example_tier", "ExampleSecondaryTierManager"
-    )
-    registered_tiers.append("example-big")
-    primary = CPUOffloadingManager(4, block_size_bytes=BLOCK, enable_events=True)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(4, BLOCK)
-    view = primary.kv_buffer.view
+    register_tier("example-big", "kv_offload_example_tier", "ExampleSecondaryTierManager")
+    primary, config, view = cpu_tier(4, enable_events=True)
     small = SecondaryTierFactory.create_secondary_tier(
         {"type": "example", "capacity_blocks": 8}, view, config
     )
@@ -193,11 +188,9 @@ def test_round_trip_through_two_tiers(registered_tiers: list[str]) -> None:
 def test_two_tiers_subclassed_names() -> None:
     """Two tiers of the same class are told apart by tier_type; one that lost a block (it
     failed) does not stop the other from promoting it next time."""
-    primary = CPUOffloadingManager(2, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(2, BLOCK)
-    first = RecordingTier(config, primary.kv_buffer.view, "fast", fail_loads=True)
-    second = ExampleSecondaryTierManager(config, primary.kv_buffer.view, "slow")
+    primary, config, view = cpu_tier(2)
+    first = RecordingTier(config, view, "fast", fail_loads=True)
+    second = ExampleSecondaryTierManager(config, view, "slow")
     m = TieringOffloadingManager(primary, [first, second])
     ctx = ReqContext("r")
     original = store(m, [1, 2], ctx, rows=rand_rows(2, seed=2))
@@ -214,7 +207,7 @@ def test_two_tiers_subclassed_names() -> None:
     assert [t.promoted_blocks for t in m.get_stats().tiers] == [0, 1]
     with pytest.raises(ConfigError, match="distinct names"):
         TieringOffloadingManager(
-            primary, [second, ExampleSecondaryTierManager(config, primary.kv_buffer.view, "slow")]
+            primary, [second, ExampleSecondaryTierManager(config, view, "slow")]
         )
 
 
@@ -264,9 +257,8 @@ def test_promotion_refused_while_everything_pending() -> None:
 
 
 def test_failed_promotion_frees_the_slot() -> None:
-    primary = CPUOffloadingManager(3, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    tier = RecordingTier(OffloadingConfig(3, BLOCK), primary.kv_buffer.view, "t", fail_loads=True)
+    primary, config, view = cpu_tier(3)
+    tier = RecordingTier(config, view, "t", fail_loads=True)
     m = TieringOffloadingManager(primary, [tier])
     ctx = ReqContext("r")
     store_step(m, [1], [2, 3, 4])  # 1 evicted to the tier; CPU full
@@ -296,11 +288,8 @@ def test_promotion_fails_when_tier_lost_the_block_meanwhile() -> None:
     """The example tier drops a block between the lookup that promotes it and the step end
     (a cascade in the same step fills the tier): the load job fails, the key ends as a MISS,
     and nothing leaks."""
-    primary = CPUOffloadingManager(2, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    tier = ExampleSecondaryTierManager(
-        OffloadingConfig(2, BLOCK), primary.kv_buffer.view, "example", capacity_blocks=3
-    )
+    primary, config, view = cpu_tier(2)
+    tier = ExampleSecondaryTierManager(config, view, "example", capacity_blocks=3)
     m = TieringOffloadingManager(primary, [tier])
     ctx = ReqContext("r")
     store_step(m, [1], [2, 3])  # CPU: 2, 3; tier: 1, 2, 3
@@ -367,11 +356,9 @@ def test_promotion_refused_when_only_hits_are_evictable() -> None:
 
 
 def test_promotions_batched_per_tier_and_request() -> None:
-    primary = CPUOffloadingManager(16, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(16, BLOCK)
-    t0 = RecordingTier(config, primary.kv_buffer.view, "t0")
-    t1 = RecordingTier(config, primary.kv_buffer.view, "t1")
+    primary, config, view = cpu_tier(16)
+    t0 = RecordingTier(config, view, "t0")
+    t1 = RecordingTier(config, view, "t1")
     m = TieringOffloadingManager(primary, [t0, t1])
     ctx = ReqContext("w")
     # Blocks 0..5 only in t0, 10..15 only in t1 (each tier given its blocks directly).
@@ -426,11 +413,9 @@ def test_promotions_batched_per_tier_and_request() -> None:
 
 
 def test_cascade_is_one_store_job_per_tier_and_pins_until_reported() -> None:
-    primary = CPUOffloadingManager(4, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(4, BLOCK)
-    slow = FaultyTier(config, primary.kv_buffer.view, "slow", max_delay=3, seed=1)
-    fast = RecordingTier(config, primary.kv_buffer.view, "fast")
+    primary, config, view = cpu_tier(4)
+    slow = faulty_tier(config, view, "slow", delay_polls=3, seed=1)
+    fast = RecordingTier(config, view, "fast")
     m = TieringOffloadingManager(primary, [slow, fast])
     ctx = ReqContext("r")
     store(m, [1, 2, 3], ctx)
@@ -453,11 +438,9 @@ def test_cascade_is_one_store_job_per_tier_and_pins_until_reported() -> None:
 
 
 def test_submit_raising_fails_the_job(caplog: pytest.LogCaptureFixture) -> None:
-    primary = CPUOffloadingManager(2, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(2, BLOCK)
-    bad = FaultyTier(config, primary.kv_buffer.view, "bad", raise_rate=1.0)
-    good = ExampleSecondaryTierManager(config, primary.kv_buffer.view, "good")
+    primary, config, view = cpu_tier(2)
+    bad = faulty_tier(config, view, "bad", raise_rate=1.0)
+    good = ExampleSecondaryTierManager(config, view, "good")
     m = TieringOffloadingManager(primary, [bad, good])
     ctx = ReqContext("r")
     with caplog.at_level(logging.ERROR, logger="kv_offload.tiering"):
@@ -483,9 +466,8 @@ def test_late_and_duplicate_reports_are_ignored(caplog: pytest.LogCaptureFixture
             finished = super().get_finished()
             return finished + finished
 
-    primary = CPUOffloadingManager(2, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    tier = ReportsTwice(OffloadingConfig(2, BLOCK), primary.kv_buffer.view, "twice")
+    primary, config, view = cpu_tier(2)
+    tier = ReportsTwice(config, view, "twice")
     m = TieringOffloadingManager(primary, [tier])
     ctx = ReqContext("r")
     with caplog.at_level(logging.WARNING, logger="kv_offload.tiering"):
@@ -500,10 +482,8 @@ def test_late_and_duplicate_reports_are_ignored(caplog: pytest.LogCaptureFixture
 
 
 def test_reset_cache_drains_tier_jobs_first() -> None:
-    primary = CPUOffloadingManager(4, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(4, BLOCK)
-    tier = FaultyTier(config, primary.kv_buffer.view, "slow", max_delay=4, seed=3)
+    primary, config, view = cpu_tier(4)
+    tier = faulty_tier(config, view, "slow", delay_polls=4, seed=3)
     m = TieringOffloadingManager(primary, [tier], drain_timeout=5.0)
     ctx = ReqContext("r")
     store_step(m, [1, 2], [3, 4])
@@ -536,11 +516,9 @@ def test_reset_cache_drains_tier_jobs_first() -> None:
 
 
 def test_shutdown_drains_and_shuts_tiers_down() -> None:
-    primary = CPUOffloadingManager(4, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(4, BLOCK)
-    slow = FaultyTier(config, primary.kv_buffer.view, "slow", max_delay=3, seed=4)
-    rec = RecordingTier(config, primary.kv_buffer.view, "rec")
+    primary, config, view = cpu_tier(4)
+    slow = faulty_tier(config, view, "slow", delay_polls=3, seed=4)
+    rec = RecordingTier(config, view, "rec")
     m = TieringOffloadingManager(primary, [slow, rec])
     ctx = ReqContext("r")
     store(m, [1, 2, 3], ctx)
@@ -562,11 +540,9 @@ def test_shutdown_shuts_tiers_down_even_if_drain_times_out() -> None:
             self._finished.clear()
             return []
 
-    primary = CPUOffloadingManager(2, block_size_bytes=BLOCK)
-    assert primary.kv_buffer is not None
-    config = OffloadingConfig(2, BLOCK)
-    stuck = NeverReports(config, primary.kv_buffer.view, "stuck")
-    rec = RecordingTier(config, primary.kv_buffer.view, "rec")
+    primary, config, view = cpu_tier(2)
+    stuck = NeverReports(config, view, "stuck")
+    rec = RecordingTier(config, view, "rec")
     m = TieringOffloadingManager(primary, [stuck, rec], drain_timeout=0.05)
     store(m, [1], ReqContext("r"))
     with pytest.raises(ManagerError, match=r"1 tier job.*stuck"):

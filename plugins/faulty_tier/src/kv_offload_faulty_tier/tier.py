@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -25,11 +26,13 @@ from .faults import Dice, FaultCounters, FaultPlan, InjectedFault
 
 __all__ = ["FaultyTier"]
 
+logger = logging.getLogger(__name__)
+
 #: What a torn promotion leaves in its CPU rows.
 GARBAGE = 0xEE
 
 
-@dataclass
+@dataclass(slots=True)
 class _Held:
     """A job whose result is not released yet."""
 
@@ -39,6 +42,17 @@ class _Held:
     #: ``None`` while the inner tier has not reported; always ``False`` for an injected failure.
     success: bool | None
     injected: bool
+    #: ``defer_transfer``: not handed to the inner tier yet.
+    deferred: bool = False
+
+
+def _check_inner(tier: str, inner: object) -> None:
+    if not isinstance(inner, Mapping) or "type" not in inner:
+        raise ConfigError(
+            f"tier {tier!r}: inner must be a tier table with a 'type' key, e.g. "
+            f'[tiers.inner] type = "example"; got {inner!r}',
+            key="inner",
+        )
 
 
 class FaultyTier(SecondaryTierManager):
@@ -48,6 +62,12 @@ class FaultyTier(SecondaryTierManager):
     when the inner tier reported them *and* the planned delay has passed, so a manager that
     reuses a slot before the result would be caught. While a store of a key is held, ``lookup``
     answers ``None`` (ask again), as any asynchronous tier does.
+
+    With ``defer_transfer`` a job is handed to the inner tier only when its delay is over, so
+    a synchronous inner tier (``example``) copies the bytes at the last moment an
+    asynchronous tier may: a manager that unpins a cascading block or reuses a reserved slot
+    before the result then stores or reads back wrong bytes, where copying at submission
+    would hide it. An inner ``submit_*`` that raises then fails the job.
     """
 
     def __init__(
@@ -61,9 +81,11 @@ class FaultyTier(SecondaryTierManager):
         raise_rate: float = 0.0,
         lookup_raise_rate: float = 0.0,
         delay_polls: int = 0,
+        min_delay_polls: int = 0,
         delay_s: float = 0.0,
         seconds_per_mib: float = 0.0,
         seed: int = 0,
+        defer_transfer: bool = False,
     ) -> None:
         super().__init__(config, primary_kv_view, tier_type)
         self.plan = FaultPlan.from_arguments(
@@ -72,32 +94,42 @@ class FaultyTier(SecondaryTierManager):
             raise_rate=raise_rate,
             lookup_raise_rate=lookup_raise_rate,
             delay_polls=delay_polls,
+            min_delay_polls=min_delay_polls,
             delay_s=delay_s,
             seconds_per_mib=seconds_per_mib,
             seed=seed,
+            defer_transfer=defer_transfer,
         )
-        if not isinstance(inner, Mapping) or "type" not in inner:
-            raise ConfigError(
-                f"tier {tier_type!r}: inner must be a tier table with a 'type' key, e.g. "
-                f'[tiers.inner] type = "example"; got {inner!r}'
-            )
+        _check_inner(tier_type, inner)
         self.inner = SecondaryTierFactory.create_secondary_tier(inner, primary_kv_view, config)
+        self._inner_lookup = self.inner.lookup  # the hottest call: bound once
         self.counters = FaultCounters()
         self._dice = Dice(self.plan)
         self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
         self._held: dict[int, _Held] = {}
         self._storing: dict[OffloadKey, int] = {}
         self._device_free_at = 0.0
+        # Skip the clock (and the lookup dice) when the plan has no device time (no lookup faults).
+        self._timed = self.plan.delay_s > 0 or self.plan.seconds_per_mib > 0
+        self._lookup_rate = self.plan.lookup_raise_rate
+
+    @classmethod
+    def validate_arguments(cls, **arguments: Any) -> None:
+        """The fault settings and the shape of ``inner``, before anything is built (the
+        inner tier's own arguments are checked when it is created)."""
+        if "inner" in arguments:
+            _check_inner("faulty", arguments.pop("inner"))
+        FaultPlan.from_arguments("faulty", **arguments)
 
     # -- the tier interface -------------------------------------------------------------
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
-        if self._dice.lookup_raises():
+        if self._lookup_rate and self._dice.lookup_raises():
             self.counters.lookup_raised += 1
             raise InjectedFault(f"{self.name}: injected failure in lookup")
         if key in self._storing:
             return None
-        return self.inner.lookup(key, req_context)
+        return self._inner_lookup(key, req_context)
 
     def submit_store(self, job: JobMetadata) -> None:
         self._submit(job)
@@ -108,20 +140,28 @@ class FaultyTier(SecondaryTierManager):
         self._submit(job)
 
     def get_finished(self) -> list[JobResult]:
-        for result in self.inner.get_finished():
-            held = self._held.get(result.job_id)
-            if held is not None and held.success is None:
-                held.success = result.success
-        now = time.monotonic()
-        done: list[JobResult] = []
-        for job_id, held in list(self._held.items()):
+        # A job is due once its polls are used up and its device time has passed; a deferred
+        # one is handed to the inner tier then, and released as soon as the inner tier reports.
+        now = time.monotonic() if self._timed else 0.0
+        all_held = self._held
+        due: list[_Held] = []
+        for held in all_held.values():
             if held.polls_left > 0:
                 held.polls_left -= 1
-                continue
-            if held.success is None or now < held.ready_at:
-                continue
-            del self._held[job_id]
-            done.append(self._release(held))
+            elif now >= held.ready_at:
+                due.append(held)
+                if held.deferred:
+                    held.deferred = False
+                    self._forward_late(held)
+        for result in self.inner.get_finished():
+            found = all_held.get(result.job_id)
+            if found is not None and found.success is None:
+                found.success = result.success
+        done: list[JobResult] = []
+        for held in due:
+            if held.success is not None:
+                del all_held[held.job.job_id]
+                done.append(self._release(held))
         return done
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -131,11 +171,10 @@ class FaultyTier(SecondaryTierManager):
         self.inner.on_request_finished(req_context)
 
     def on_schedule_end(self) -> None:
-        forward = getattr(self.inner, "on_schedule_end", None)
-        if forward is not None:
-            forward()
+        self.inner.on_schedule_end()
 
     def shutdown(self) -> None:
+        self.counters.shutdowns += 1
         self.inner.shutdown()
 
     # -- faults -------------------------------------------------------------------------
@@ -147,22 +186,34 @@ class FaultyTier(SecondaryTierManager):
             raise InjectedFault(f"{self.name}: injected failure in submit_{direction}")
         injected = self._dice.fails()
         polls = self._dice.polls()
-        nbytes = len(job.keys) * self.config.block_size_bytes
-        now = time.monotonic()
-        ready_at = max(now, self._device_free_at) + self.plan.transfer_seconds(nbytes)
-        if ready_at > now:
+        now = ready_at = 0.0
+        if self._timed:
+            nbytes = len(job.keys) * self.config.block_size_bytes
+            now = time.monotonic()
+            ready_at = max(now, self._device_free_at) + self.plan.transfer_seconds(nbytes)
             self._device_free_at = ready_at
-        if not injected:
-            if job.direction is JobDirection.STORE:
-                self.inner.submit_store(job)
-            else:
-                self.inner.submit_load(job)
+        deferred = not injected and self.plan.defer_transfer
+        if not injected and not deferred:
+            self._forward(job)
         self.counters.submitted += 1
         if polls or ready_at > now:
             self.counters.delayed += 1
         self._held[job.job_id] = _Held(
-            job, polls, ready_at, success=False if injected else None, injected=injected
+            job, polls, ready_at, False if injected else None, injected, deferred
         )
+
+    def _forward(self, job: JobMetadata) -> None:
+        if job.direction is JobDirection.STORE:
+            self.inner.submit_store(job)
+        else:
+            self.inner.submit_load(job)
+
+    def _forward_late(self, held: _Held) -> None:
+        try:
+            self._forward(held.job)
+        except Exception:  # the job is accepted already: it fails, as a raising tier's would
+            logger.exception("%s: inner tier raised from a deferred submit", self.name)
+            held.success = False
 
     def _release(self, held: _Held) -> JobResult:
         job = held.job
@@ -173,12 +224,18 @@ class FaultyTier(SecondaryTierManager):
                     self._storing[key] = left
                 else:
                     del self._storing[key]
-        elif held.injected:
-            # A torn transfer: the reserved rows hold garbage; the manager must free them.
+        elif not held.success:
+            # A torn transfer (injected, or a load the inner tier failed, e.g. of a block it
+            # evicted since lookup): the reserved rows hold garbage; the manager must free them.
             self._cpu[job.block_ids] = GARBAGE
             self.counters.torn_loads += 1
+        self.counters.released += 1
         if not held.success:
             self.counters.failed += 1
+        elif job.direction is JobDirection.STORE:
+            self.counters.stored_blocks += len(job.keys)
+        else:
+            self.counters.loaded_blocks += len(job.keys)
         return JobResult(job.job_id, bool(held.success))
 
     @property
