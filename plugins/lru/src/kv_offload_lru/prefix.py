@@ -44,16 +44,18 @@ _consume = deque[object](maxlen=0).extend
 class PrefixLRUCachePolicy(LRUCachePolicy):
     """LRU plus a refresh, head last, of the keys a request asked for when it finishes.
 
-    * ``_asked``: req_id -> the distinct keys its accesses reported, in first-report order
-      (a dict used as an ordered set), the request that reported least recently first;
-    * ``_recorded``: how many keys ``_asked`` holds in all, held under
+    * ``_asked``: req_id -> the keys its accesses reported, in order (a list: appending is
+      what every access pays; a key reported twice counts once at the refresh), the request
+      that reported least recently first;
+    * ``_recorded``: how many entries ``_asked`` holds in all, held under
       :meth:`max_recorded_keys`.
     """
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
-        self._asked: dict[str, dict[OffloadKey, None]] = {}
+        self._asked: dict[str, list[OffloadKey]] = {}
         self._recorded = 0
+        self._max_recorded = self.max_recorded_keys()
 
     def max_recorded_keys(self) -> int:
         """Keys recorded for open requests at most: four cache capacities, at least
@@ -73,50 +75,54 @@ class PrefixLRUCachePolicy(LRUCachePolicy):
         # Re-entered on every access, so the oldest record is the longest silent request's.
         record = asked.pop(req_id, None)
         if record is None:
-            record = {}
+            record = []
         asked[req_id] = record
-        before = len(record)
-        record.update(zip(keys, repeat(None)))  # a copy: the list is the manager's
-        self._recorded += len(record) - before
-        if self._recorded > self.max_recorded_keys() or len(asked) > MAX_OPEN_REQUESTS:
+        record.extend(keys)  # a copy: the list is the manager's
+        self._recorded += len(keys)
+        if self._recorded > self._max_recorded or len(asked) > MAX_OPEN_REQUESTS:
             self._shed(req_id)
 
     def _shed(self, req_id: str) -> None:
-        """Drop the records of the longest silent requests until both bounds hold; if the
-        request just recorded (the newest) alone is over the key bound, keep the head of its
-        record, which is what the refresh is for."""
+        """Bring the record under both bounds: over the key bound, first drop the duplicates
+        of the request just recorded (the newest; one asking for the same keys forever stays
+        small); then drop the records of the longest silent requests; if this request alone
+        is still over, keep the head of its record, which is what the refresh is for."""
         asked = self._asked
-        limit = self.max_recorded_keys()
+        limit = self._max_recorded
+        if self._recorded > limit:
+            record = asked[req_id]
+            distinct = list(dict.fromkeys(record))
+            self._recorded -= len(record) - len(distinct)
+            asked[req_id] = distinct
         while (self._recorded > limit or len(asked) > MAX_OPEN_REQUESTS) and len(asked) > 1:
             self._recorded -= len(asked.pop(next(iter(asked))))
         if self._recorded > limit:
-            record = asked[req_id]
-            asked[req_id] = dict.fromkeys(islice(record, limit))
+            del asked[req_id][limit:]
             self._recorded = limit
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         record = self._asked.pop(req_context.req_id, None)
-        if record:
-            self._recorded -= len(record)
-            # Reversed, so the first key the request asked for ends up the most recent.
-            self._refresh(list(filter(self._blocks.__contains__, reversed(record))))
-
-    def _refresh(self, live: list[OffloadKey]) -> None:
-        """``KeyQueue.requeue(live)`` for distinct resident keys, in C-level passes."""
+        if not record:
+            return
+        self._recorded -= len(record)
+        # Reversed, so the first key the request asked for ends up the most recent.
+        live = list(filter(self._blocks.__contains__, reversed(record)))
+        distinct = set(live)
+        if len(distinct) < len(live):  # a key asked for twice: its first report counts
+            live = list(filter(self._blocks.__contains__, reversed(dict.fromkeys(record))))
+        # KeyQueue.requeue(live), in C-level passes. Usually the request's blocks are the
+        # newest entries already (its hits were touched, then its misses stored): that tail
+        # is reordered in place, leaving no tombstones. A tail of exactly these (distinct,
+        # resident) keys holds each one's last entry, which is its live one.
         queue = self._queue
         order = queue.order
         count = len(live)
-        # Usually the request's blocks are the newest entries already (its hits were touched,
-        # then its misses stored): reorder that tail in place, leaving no tombstones. A tail
-        # of exactly these keys holds each one's last entry, which is its live one.
-        if set(islice(reversed(order), count)) == set(live):
+        if set(islice(reversed(order), count)) == distinct:
             _consume(starmap(order.pop, repeat((), count)))
             order.extend(live)
-            return
-        # Otherwise each key gets a second entry at the back and its first one becomes the
-        # tombstone (tombstones are counted from the front; a rebuild keeps a key's last entry).
-        queue.extend(live)
-        queue.forget_many(live)
+        else:  # each key gets a second entry at the back; its first becomes the tombstone
+            queue.extend(live)  # (tombstones are counted from the front, and a rebuild
+            queue.forget_many(live)  # keeps a key's last entry)
 
     def clear(self) -> None:
         super().clear()

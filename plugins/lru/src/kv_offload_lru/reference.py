@@ -63,8 +63,8 @@ class ReferenceLRUCachePolicy(CachePolicy):
 
 
 class ReferencePrefixLRUCachePolicy(ReferenceLRUCachePolicy):
-    """``requests`` holds, per open request, every key it asked for once, in the order first
-    asked, the request that asked least recently first; at its end they are touched, so the
+    """``requests`` holds, per open request, every key it asked for, as often as asked, the
+    request that asked least recently first; at its end they are touched, each once, so the
     first one ends most recent."""
 
     def __init__(self, cache_capacity: int) -> None:
@@ -74,25 +74,25 @@ class ReferencePrefixLRUCachePolicy(ReferenceLRUCachePolicy):
     def on_request_access(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
         if not keys:
             return
-        asked = self.requests.pop(req_context.req_id, [])
-        self.requests[req_context.req_id] = asked + [
-            key for key in dict.fromkeys(keys) if key not in asked
-        ]
+        req_id = req_context.req_id
+        self.requests[req_id] = self.requests.pop(req_id, []) + keys
         limit = max(4 * self.cache_capacity, prefix.MIN_RECORDED_KEYS)
-        # The requests silent the longest lose their record while either bound is exceeded.
+        if self.recorded() > limit:  # this request's duplicates go first
+            self.requests[req_id] = list(dict.fromkeys(self.requests[req_id]))
+        # Then the requests silent the longest lose their record while a bound is exceeded.
         while len(self.requests) > 1 and (
             self.recorded() > limit or len(self.requests) > prefix.MAX_OPEN_REQUESTS
         ):
             del self.requests[next(iter(self.requests))]
         if self.recorded() > limit:  # the one request left is over it: keep its head
-            self.requests[req_context.req_id] = self.requests[req_context.req_id][:limit]
+            self.requests[req_id] = self.requests[req_id][:limit]
 
     def recorded(self) -> int:
         return sum(map(len, self.requests.values()))
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         asked = self.requests.pop(req_context.req_id, [])
-        self.touch(asked, req_context)
+        self.touch(list(dict.fromkeys(asked)), req_context)
 
     def clear(self) -> None:
         super().clear()
