@@ -72,7 +72,7 @@ def test_a_request_whose_keys_are_the_newest_is_reordered_in_place() -> None:
     blocks = Blocks(10)
     policy = filled([1, 2, 3], blocks)
     request = ctx("a")
-    policy.touch([k(2), k(3)], request)  # the hits: k3, k2 now at the back... (head last)
+    policy.touch([k(2), k(3)], request)  # its hits: the queue is now k1, k3, k2
     policy.on_request_access([k(2), k(3), k(4)], request)
     victims = policy.evict(1, {k(2), k(3), k(4)})
     assert victims is not None and [key for key, _ in victims] == [k(1)]

@@ -8,9 +8,9 @@ request's freshly stored tail ends *more* recent than the hits at its head, and 
 part most likely to be asked for again) is evicted first once the cache fills. Here, at request
 end every key the request asked for, hit or stored, is re-queued in reverse order, which leaves
 the head most recent and the tail oldest: what vLLM 0.33's own ``lru`` policy does from its
-``on_request_finished`` key groups. On the bundled trace it scores exactly vLLM's LRU's hits
-(0.1122 at 5,000 blocks against plain LRU's 0.1107), bridged into vLLM or in kv-offload's own
-manager.
+``on_request_finished`` key groups. On the bundled trace replayed in vLLM's call order it
+scores exactly vLLM's LRU's hits (0.1122 at 5,000 blocks against plain LRU's 0.1107), bridged
+into vLLM or in kv-offload's own manager; ``kv-offload replay`` gives 0.1237 against 0.1224.
 
 The request's keys come from ``on_request_access`` (the manager reports the keys of every
 ``prepare_load`` and ``prepare_store``, resident or not). Hits are still touched when they are
