@@ -234,43 +234,19 @@ def test_bridged_policy_gets_kv_offload_managers_callbacks_in_its_order(
         CachePolicyFactory.unregister_cache_policy("recording")
 
 
-REQUEST_ORDER_LRU = """
-from kv_offload_lru import LRUCachePolicy
-
-
-class RequestOrderLRU(LRUCachePolicy):
-    '''LRU that, when a request ends, makes every block it asked for the most recent, its head
-    last, from the request-scoped callbacks alone (vLLM's LRU does this from the key groups
-    of its on_request_finished).'''
-
-    def __init__(self, cache_capacity):
-        super().__init__(cache_capacity)
-        self._asked = {}
-
-    def on_request_access(self, keys, req_context):
-        self._asked.setdefault(req_context.req_id, []).extend(keys)
-
-    def on_request_finished(self, req_context):
-        keys = self._asked.pop(req_context.req_id, None)
-        if keys:
-            self.touch(list(dict.fromkeys(keys)), req_context)
-"""
-
-
 @pytest.mark.parametrize("capacity", [1000, 5000])
-def test_request_scoped_callbacks_let_a_bridged_policy_match_vllms_own(
-    make_module: object, capacity: int, trace: list[tuple[str, list[bytes]]]
+def test_prefix_lru_scores_exactly_vllms_own_lru(
+    capacity: int, trace: list[tuple[str, list[bytes]]]
 ) -> None:
-    """What the bridge passes on is enough for a kv-offload policy to score what vLLM's
-    built-in does: an LRU built on on_request_access / on_request_finished gets exactly vLLM's
-    LRU's hits (plain kv-offload LRU, which counts reuse only, gets fewer at 5,000)."""
-    module = make_module(REQUEST_ORDER_LRU)  # type: ignore[operator]
-    CachePolicyFactory.register_cache_policy("request_lru", module, "RequestOrderLRU")
-    try:
-        bridged = replay_vllm(bridged_manager("request_lru", capacity), trace)
-        builtin = replay_vllm(vllm_manager.CPUOffloadingManager(capacity, "lru"), trace)
-        own = replay_kv_offload(CPUOffloadingManager(capacity, cache_policy="request_lru"), trace)
-        assert bridged.evicted_blocks > 0
-        assert bridged.hit_blocks == builtin.hit_blocks == own.hit_blocks
-    finally:
-        CachePolicyFactory.unregister_cache_policy("request_lru")
+    """kv-offload's ``prefix-lru`` refreshes every block a request asked for at its end, its
+    head last, from on_request_access / on_request_finished alone (vLLM's LRU does it from
+    the key groups of its on_request_finished): bridged as ``kvo_prefix-lru`` and under
+    kv-offload's own manager it gets exactly vLLM's LRU's hits, where plain ``lru``, which
+    counts reuse only, gets fewer at 5,000."""
+    bridged = replay_vllm(bridged_manager("prefix-lru", capacity), trace)
+    builtin = replay_vllm(vllm_manager.CPUOffloadingManager(capacity, "lru"), trace)
+    own = replay_kv_offload(CPUOffloadingManager(capacity, cache_policy="prefix-lru"), trace)
+    assert bridged.evicted_blocks > 0
+    assert bridged.hit_blocks == builtin.hit_blocks == own.hit_blocks
+    if capacity == 5000:
+        assert replay_vllm(bridged_manager("lru", capacity), trace).hit_blocks < builtin.hit_blocks

@@ -1,14 +1,19 @@
-"""Least-recently-used eviction for kv-offload (entry point ``kv_offload.policies: lru``).
+"""Least-recently-used eviction for kv-offload (entry points ``kv_offload.policies: lru`` and
+``prefix-lru``).
 
 :class:`LRUCachePolicy` keeps its recency order in the core's lazy-deletion key queue
 (:mod:`kv_offload.policies.key_queue`) instead of an ``OrderedDict``: a plain dict and a queue
 of key references cost 75 to 130 bytes per block where an ``OrderedDict`` costs 120 to 195,
 which is what keeps a CPU tier of millions of blocks cheap to track. :mod:`.reference` states
 the same policy on one ``OrderedDict``; the tests check the two agree step by step.
+
+:class:`PrefixLRUCachePolicy` (:mod:`.prefix`) is the same LRU plus a refresh, at request end,
+of every key the request asked for, its prefix head last, as vLLM 0.33's own ``lru`` does.
 """
 
 from __future__ import annotations
 
 from .policy import LRUCachePolicy
+from .prefix import PrefixLRUCachePolicy
 
-__all__ = ["LRUCachePolicy"]
+__all__ = ["LRUCachePolicy", "PrefixLRUCachePolicy"]
