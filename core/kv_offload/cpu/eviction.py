@@ -1,4 +1,5 @@
-"""What the CPU manager does when a policy's ``evict()`` breaks its contract.
+"""How the CPU manager frees slots: it asks the policy's ``evict()`` for victims and checks the
+answer (:func:`evict_for`), and what it does when the answer breaks the contract.
 
 The policy is a plugin, and ``evict()`` removes its victims from the policy's own structures
 before the manager sees them, so a broken answer must not leave hidden damage behind:
@@ -20,11 +21,44 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..block_status import BlockStatus
 from ..errors import ManagerError, PluginError
+from ..keys import OffloadKey
+from . import validation as check
+from .state import MEDIUM_CPU
 
 if TYPE_CHECKING:
     from .state import CPUManagerState
 
-__all__ = ["mark_failed", "put_back"]
+__all__ = ["evict_for", "mark_failed", "put_back"]
+
+
+def evict_for(
+    manager: CPUManagerState, shortfall: int, protected: set[OffloadKey]
+) -> list[OffloadKey] | None:
+    """Free ``shortfall`` slots: the evicted keys (their slots are free, the event recorded),
+    or ``None`` with nothing changed when not enough idle, unprotected blocks exist."""
+    slots = manager._slots
+    if shortfall > slots.num_evictable:
+        return None
+    try:
+        victims = manager._policy.evict(shortfall, protected)
+    except Exception as exc:
+        raise mark_failed(manager, exc) from exc
+    if victims is None:
+        return None
+    try:
+        keys, blocks = check.victims(
+            victims, shortfall, protected, slots, manager.cache_policy_name
+        )
+    except PluginError as exc:
+        if not put_back(manager, victims):
+            raise mark_failed(manager, exc) from exc
+        raise
+    slots.release_idle(blocks)
+    manager.counters.evictions += shortfall
+    evicted = list(keys)
+    if manager.event_log is not None:
+        manager.event_log.record(evicted, MEDIUM_CPU, True)
+    return evicted
 
 
 def put_back(manager: CPUManagerState, chosen: Any) -> bool:

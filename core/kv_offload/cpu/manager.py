@@ -18,7 +18,6 @@ from collections.abc import Collection
 
 from ..block_status import BlockStatus
 from ..concurrency import concurrent_use_error, entry_guarded, unguarded
-from ..errors import PluginError
 from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
 from . import eviction
@@ -306,29 +305,12 @@ class CPUOffloadingManager(CPUManagerState):
         shortfall = count - slots.num_free
         evicted: list[OffloadKey] = []
         if shortfall > 0:
-            victims = None
-            if shortfall <= slots.num_evictable:
-                try:
-                    victims = self._policy.evict(shortfall, key_set)
-                except Exception as exc:
-                    raise eviction.mark_failed(self, exc) from exc
-            if victims is None:
+            found = eviction.evict_for(self, shortfall, key_set)
+            if found is None:
                 counters.rejected_stores += 1
                 counters.observe_allocation(count)
                 return None
-            try:
-                keys_out, blocks_out = check.victims(
-                    victims, shortfall, key_set, slots, self.cache_policy_name
-                )
-            except PluginError as exc:
-                if not eviction.put_back(self, victims):
-                    raise eviction.mark_failed(self, exc) from exc
-                raise
-            slots.release_idle(blocks_out)
-            counters.evictions += shortfall
-            evicted = list(keys_out)
-            if self.event_log is not None:
-                self.event_log.record(evicted, MEDIUM_CPU, True)
+            evicted = found
         # Counted once eviction can no longer raise: a broken policy leaves the stats as they
         # were. Inlined Counters.observe_allocation (the hot path: once per storing call).
         counters.allocation_sizes[bisect_left(ALLOCATION_SIZE_BOUNDS, count)] += 1
