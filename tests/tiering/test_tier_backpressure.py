@@ -461,7 +461,7 @@ def test_reset_cache_clears_backpressure() -> None:
 
 def test_no_backpressure_by_default() -> None:
     m, _ = stack(None)
-    assert m._jobs.gates == [None] and not m._gated
+    assert m._jobs.gates == [None]
 
 
 # -- config ------------------------------------------------------------------------------

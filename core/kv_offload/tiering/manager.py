@@ -22,8 +22,8 @@ from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
 from ..concurrency import concurrent_use_error, entry_guarded, new_entry_token
 from ..cpu import CPUOffloadingManager
-from ..cpu.validation import as_list, check_context, short
-from ..errors import ConfigError, KeyStateError
+from ..cpu.validation import as_list, check_context
+from ..errors import ConfigError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
 from ..tier_types import Locality, RequestOffloadingContext
@@ -35,7 +35,7 @@ from ..types import (
     PrepareStoreOutput,
     ReqContext,
 )
-from .base import JobDirection, SecondaryTierManager
+from .base import SecondaryTierManager
 from .cascade_gate import build_gate
 from .jobs import JobTable
 from .promotions import Promotions
@@ -95,7 +95,6 @@ class TieringOffloadingManager(OffloadingManager):
                     tier.cascade_gate = build_gate(backpressure, tier.name, locality)
         self._errors = HookErrorLog()
         self._jobs = JobTable(self, primary, self.tiers, self._errors)
-        self._gated = any(gate is not None for gate in self._jobs.gates)
         self._scope = RequestScope(self.tiers, primary, self._jobs)
         self._promotions = Promotions(primary, self._jobs, self._errors)
         self._closed = False
@@ -230,25 +229,12 @@ class TieringOffloadingManager(OffloadingManager):
     ) -> None:
         """Complete the CPU store; on success cascade the blocks to every secondary tier."""
         key_list = as_list(keys, "complete_store")
-        promoting = self._jobs.promoting
-        if promoting and not promoting.isdisjoint(key_list):
-            key = next(k for k in key_list if k in promoting)
-            raise KeyStateError(
-                f"complete_store: key {short(key)} is being promoted from a secondary tier, "
-                f"not stored by the engine; pass the keys_to_store of prepare_store",
-                key=key,
-                operation="complete_store",
-            )
+        self._promotions.check_not_promoting(key_list, "complete_store")
         # The CPU store is done even if one of its hooks raised: cascade it, then report.
         self._errors.call(self.primary.complete_store, key_list, req_context, success)
         if success and key_list:
-            if self._gated:
-                for index in range(len(self.tiers)):
-                    self._jobs.cascade(index, key_list, req_context)
-            else:
-                for index in range(len(self.tiers)):
-                    slots = self.primary.pin(key_list, req_context, "cascade")
-                    self._jobs.submit(index, JobDirection.STORE, key_list, slots, req_context)
+            for index in range(len(self.tiers)):
+                self._jobs.cascade(index, key_list, req_context)
         self._errors.raise_pending()
 
     # -- lifecycle ------------------------------------------------------------------------

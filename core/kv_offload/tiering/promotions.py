@@ -11,6 +11,8 @@ later promotions: evicting an earlier hit of the same prefix would break its ``p
 from __future__ import annotations
 
 from ..cpu import CPUOffloadingManager
+from ..cpu.validation import short
+from ..errors import KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog
 from ..types import LookupResult, ReqContext
@@ -60,6 +62,19 @@ class Promotions:
         self.note_found(ctx.req_id, key)
         self._errors.raise_pending()
         return _PENDING
+
+    def check_not_promoting(self, keys: list[OffloadKey], operation: str) -> None:
+        """Raise if the engine completes a store of a key a promotion reserved: its slot is
+        written by the tier's load, and completed by the tiered manager when that lands."""
+        promoting = self._jobs.promoting
+        if promoting and not promoting.isdisjoint(keys):
+            key = next(k for k in keys if k in promoting)
+            raise KeyStateError(
+                f"{operation}: key {short(key)} is being promoted from a secondary tier, "
+                f"not stored by the engine; pass the keys_to_store of prepare_store",
+                key=key,
+                operation=operation,
+            )
 
     def submit(self, req_id: str | None = None) -> None:
         """Submit the queued loads (of one request, or all) as tier jobs."""
