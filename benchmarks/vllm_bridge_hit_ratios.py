@@ -7,9 +7,9 @@ the same access model (touching at request end what vLLM reports as reused); ``v
 is vLLM's own ``<policy>`` (``lru`` and ``arc`` only, ``-`` otherwise); ``vs vLLM ARC`` is
 ``bridged`` over vLLM's built-in ARC's hit ratio at that capacity, the bar a bridged policy
 should reach; ``kv-offload replay`` is ``kv_offload.replay.replay`` (touch right after the
-load). The replay loop is the one tests/vllm_bridge use (``_scheduler_replay``). Needs the
-environment of ``python3 -m nox -s vllm`` (or the setup in vllm_side_by_side.py's docstring)
-with kv-offload-vllm installed::
+load). The replay loop (``scheduler_replay``, next to this file) is the one tests/vllm_bridge
+use. Needs the environment of ``python3 -m nox -s vllm`` (or the setup in
+vllm_side_by_side.py's docstring) with kv-offload-vllm installed::
 
     python benchmarks/vllm_bridge_hit_ratios.py [--requests N] [--capacity C ...]
 """
@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_bridge"))
-
-from _scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 from kv_offload import CachePolicyFactory, CPUOffloadingManager, ReqContext
 from kv_offload.replay import replay
+from scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 
 VLLM_BUILTINS = ("lru", "arc")
 

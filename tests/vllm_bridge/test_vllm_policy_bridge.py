@@ -7,7 +7,6 @@ writes (``eviction_policy`` + ``cache_policy_module_path``); nothing of vLLM is 
 from __future__ import annotations
 
 import pytest
-from _scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 from _vllm import require_vllm
 from kv_offload import (
     CachePolicyFactory,
@@ -16,6 +15,7 @@ from kv_offload import (
     PluginNotFoundError,
     ReqContext,
 )
+from scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 
 vllm_manager = require_vllm("vllm.v1.kv_offload.cpu.manager")
 vllm_factory = require_vllm("vllm.v1.kv_offload.cpu.policies.factory")

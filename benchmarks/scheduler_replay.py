@@ -31,7 +31,7 @@ from typing import Any
 from kv_offload import OffloadKey
 from kv_offload.trace import read_trace
 
-TRACE = Path(__file__).resolve().parents[2] / "data" / "conversation_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
 
 
 def load_trace(limit: int) -> list[tuple[str, list[OffloadKey]]]:
