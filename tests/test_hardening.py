@@ -56,9 +56,13 @@ def test_listing_plugins_imports_nothing(marker_site: Path, tmp_path: Path) -> N
     assert not marker.exists(), "listing ran a plugin's import code"
 
 
-def test_check_imports_but_never_a_blocked_hook_plugin(marker_site: Path, tmp_path: Path) -> None:
+# The listing reads the variable as the managers do: names split on commas and whitespace.
+@pytest.mark.parametrize("blocked", ["marker", "other, marker", "other marker"])
+def test_check_imports_but_never_a_blocked_hook_plugin(
+    marker_site: Path, tmp_path: Path, blocked: str
+) -> None:
     marker = tmp_path / "imported"
-    env = {"KVO_TEST_MARKER": str(marker), "KV_OFFLOAD_BLOCK_PLUGINS": "marker"}
+    env = {"KVO_TEST_MARKER": str(marker), "KV_OFFLOAD_BLOCK_PLUGINS": blocked}
     proc = kvo("plugins", "--check", "--json", pythonpath=marker_site, env=env)
     assert proc.returncode == 0, proc.stderr
     infos = {(p["kind"], p["name"]): p for p in json.loads(proc.stdout)}

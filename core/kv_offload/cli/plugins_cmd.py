@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import asdict
 from importlib import metadata
 
 from ..plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
+from ..plugins.env import env_names
 from ..policies import CachePolicyFactory
 from ..tiering import SecondaryTierFactory
 from .output import table
@@ -17,8 +17,9 @@ __all__ = ["cmd_plugins"]
 
 
 def _blocked_names() -> set[str]:
-    """Hook plugins ``KV_OFFLOAD_BLOCK_PLUGINS`` forbids importing (a listing honours it too)."""
-    return {n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()}
+    """Hook plugins ``KV_OFFLOAD_BLOCK_PLUGINS`` forbids importing (a listing honours it too),
+    read as the managers read it (names split on commas and whitespace)."""
+    return set(env_names(BLOCK_ENV))
 
 
 def _hook_plugins(check: bool, blocked: set[str]) -> list[PluginInfo]:
