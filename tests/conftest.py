@@ -94,3 +94,12 @@ def quiet_tiering_log() -> Iterator[None]:
     logger.setLevel(logging.CRITICAL)
     yield
     logger.setLevel(level)
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    """Switch threads every microsecond, so calls of two threads interleave."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)

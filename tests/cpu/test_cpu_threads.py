@@ -13,12 +13,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import pytest
 from _cpu_helpers import CTX, HIT, UNIVERSE, k, state_of, store
+from _threads import retry
+from _threads import run_threads as threading_run
 from kv_offload import (
     ConcurrentUseError,
     CPUOffloadingManager,
@@ -33,17 +34,6 @@ from kv_offload import (
     synchronized,
 )
 
-T = TypeVar("T")
-
-
-@pytest.fixture
-def fast_switching() -> Iterator[None]:
-    """Switch threads every microsecond, so calls of two threads interleave."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(before)
-
 
 @dataclass
 class Tally:
@@ -56,16 +46,6 @@ class Tally:
     refused: int = 0
     load_races: int = 0
     unexpected: list[BaseException] = field(default_factory=list)
-
-
-def retry(tally: Tally, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``call`` until it is not refused as concurrent (a refusal changed nothing)."""
-    while True:
-        try:
-            return call(*args, **kwargs)
-        except ConcurrentUseError as exc:
-            assert not exc.reentrant
-            tally.refused += 1
 
 
 def drive(
@@ -110,19 +90,7 @@ def run_threads(
     manager: OffloadingManager, threads: int, requests: int, disjoint: bool = False
 ) -> list[Tally]:
     tallies = [Tally() for _ in range(threads)]
-    workers = [
-        threading.Thread(
-            target=drive,
-            args=(manager, f"t{n}", requests, tallies[n], 100 * n if disjoint else 0),
-        )
-        for n in range(threads)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=60)
-        assert not worker.is_alive()
-    return tallies
+    return threading_run(drive, manager, tallies, requests, disjoint, timeout=60)
 
 
 def assert_consistent(manager: CPUOffloadingManager, tallies: list[Tally]) -> None:

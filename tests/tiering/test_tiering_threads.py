@@ -10,16 +10,16 @@ the scheduler's thread collects their results), so none of this involves a tier'
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
 
 import pytest
+from _threads import retry
+from _threads import run_threads as threading_run
 from _tiers import key
 from kv_offload import (
     ConcurrentUseError,
@@ -41,7 +41,6 @@ from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, PENDING = LookupResult.HIT, LookupResult.PENDING
 BLOCK = 64
-T = TypeVar("T")
 
 
 def stack(num_blocks: int, plugins: tuple[object, ...] = ()) -> TieringOffloadingManager:
@@ -54,29 +53,12 @@ def stack(num_blocks: int, plugins: tuple[object, ...] = ()) -> TieringOffloadin
     return TieringOffloadingManager(primary, [tier], drain_timeout=10.0)
 
 
-@pytest.fixture
-def fast_switching() -> Iterator[None]:
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(before)
-
-
 @dataclass
 class Tally:
     lookups: Counter[str] = field(default_factory=Counter)
     stored: int = 0
     refused: int = 0
     unexpected: list[BaseException] = field(default_factory=list)
-
-
-def retry(tally: Tally, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    while True:
-        try:
-            return call(*args, **kwargs)
-        except ConcurrentUseError as exc:
-            assert not exc.reentrant
-            tally.refused += 1
 
 
 def drive(manager: OffloadingManager, name: str, requests: int, tally: Tally, base: int) -> None:
@@ -118,21 +100,11 @@ def drive(manager: OffloadingManager, name: str, requests: int, tally: Tally, ba
         tally.unexpected.append(exc)
 
 
-def run_threads(manager: OffloadingManager, threads: int, requests: int, disjoint: bool):
+def run_threads(
+    manager: OffloadingManager, threads: int, requests: int, disjoint: bool
+) -> list[Tally]:
     tallies = [Tally() for _ in range(threads)]
-    workers = [
-        threading.Thread(
-            target=drive,
-            args=(manager, f"t{n}", requests, tallies[n], 100 * n if disjoint else 0),
-        )
-        for n in range(threads)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=120)
-        assert not worker.is_alive()
-    return tallies
+    return threading_run(drive, manager, tallies, requests, disjoint, timeout=120)
 
 
 def assert_consistent(manager: TieringOffloadingManager, tallies: list[Tally]) -> None:
