@@ -12,31 +12,15 @@ from pathlib import Path
 
 import pytest
 from _fs import BLOCK, build_fs_stack
+from _tier_config_files import line_of, tier_config_file
 from kv_offload import ConfigError, load_config
 from kv_offload_fs_tier import FileSystemTier
 from kv_offload_fs_tier._config import DEFAULTS
 from test_cli import kvo
 
-TOML = """num_blocks = 8
-block_size_bytes = {block}
-
-[[tiers]]
-type = "fs"
-{lines}
-"""
-
 
 def config_file(tmp_path: Path, lines: str, block: int = BLOCK) -> Path:
-    path = tmp_path / "stack.toml"
-    path.write_text(TOML.format(block=block, lines=lines))
-    return path
-
-
-def line_of(path: Path, key: str) -> int:
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.startswith(f"{key} ="):
-            return number
-    raise AssertionError(f"{key} not in {path}")
+    return tier_config_file(tmp_path, "fs", lines, block)
 
 
 def refused(path: Path, key: str, fragment: str) -> ConfigError:

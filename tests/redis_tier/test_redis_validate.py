@@ -9,32 +9,17 @@ import socket
 from pathlib import Path
 
 import pytest
+from _tier_config_files import line_of, tier_config_file
 from kv_offload import ConfigError, load_config
 from kv_offload_redis_tier import RedisTier
 from kv_offload_redis_tier.tier import _constructor_defaults
 from test_cli import kvo
 
-TOML = """num_blocks = 8
-block_size_bytes = 64
-
-[[tiers]]
-type = "redis"
-{lines}
-"""
 SECRET = "s3cret-in-url"
 
 
 def config_file(tmp_path: Path, lines: str) -> Path:
-    path = tmp_path / "stack.toml"
-    path.write_text(TOML.format(lines=lines))
-    return path
-
-
-def line_of(path: Path, key: str) -> int:
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.startswith(f"{key} ="):
-            return number
-    raise AssertionError(f"{key} not in {path}")
+    return tier_config_file(tmp_path, "redis", lines)
 
 
 @pytest.mark.parametrize(
