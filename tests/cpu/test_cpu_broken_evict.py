@@ -2,7 +2,9 @@
 
 Contract-breaking victims are put back (the manager is as it was); an ``evict()`` that raises
 half-way marks the manager failed until ``reset_cache()`` (see ``kv_offload/cpu/eviction.py``).
-The policy is the real LRU plugin with its ``evict`` replaced by a broken one on the instance.
+The policy is the real LRU plugin with the method the manager asks (``evict_split``, or
+``evict`` for a policy that answers in vLLM's pairs only) replaced by a broken one on the
+instance.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _dists import ModuleFactory
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
@@ -19,6 +22,7 @@ from kv_offload import (
     ReqContext,
     make_offload_key,
 )
+from kv_offload_lru import LRUCachePolicy
 
 CTX = ReqContext(req_id="evict")
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -28,9 +32,33 @@ def k(i: int) -> bytes:
     return make_offload_key(i)
 
 
-def full_manager() -> CPUOffloadingManager:
+#: Answers through ``evict()`` alone, as a vLLM policy does: the manager asks ``evict()``.
+PAIRS_ONLY_LRU = """
+from kv_offload_lru import LRUCachePolicy
+
+class PairsOnlyLRU(LRUCachePolicy):
+    def evict(self, n, protected):
+        return super().evict(n, protected)
+"""
+
+
+@pytest.fixture(params=["evict", "evict_split"])
+def form(request: pytest.FixtureRequest) -> str:
+    """Which answer the manager asks for: ``evict()``'s pairs or ``evict_split``'s lists."""
+    return str(request.param)
+
+
+@pytest.fixture
+def full_manager(
+    form: str, make_module: ModuleFactory, register_policy: Callable[..., None]
+) -> CPUOffloadingManager:
     """4 slots: k0, k1 idle, k2 pinned, k3 idle; no slot free."""
-    manager = CPUOffloadingManager(4)
+    if form == "evict":
+        register_policy("pairs-only-lru", make_module(PAIRS_ONLY_LRU), "PairsOnlyLRU")
+        manager = CPUOffloadingManager(4, cache_policy="pairs-only-lru")
+    else:
+        manager = CPUOffloadingManager(4)
+    assert manager._policy_splits is (form == "evict_split")
     out = manager.prepare_store([k(0), k(1), k(2), k(3)], CTX)
     assert out is not None
     manager.complete_store(out.keys_to_store, CTX)
@@ -38,11 +66,27 @@ def full_manager() -> CPUOffloadingManager:
     return manager
 
 
-def break_evict(manager: CPUOffloadingManager, broken: Callable[..., Any]) -> Callable[..., Any]:
+def break_evict(manager: CPUOffloadingManager, broken: Callable[..., Any]) -> Callable[[], None]:
+    """Make the method the manager asks answer ``broken(policy, real, n, protected)`` (pairs,
+    or anything a broken policy returns); returns what repairs it."""
     policy = manager.policy
-    real = policy.evict
+
+    def real(n: int, protected: set[bytes]) -> Any:  # the policy's own answer, as pairs
+        answer = LRUCachePolicy.evict_split(policy, n, protected)
+        return None if answer is None else list(zip(*answer))
+
+    def split(n: int, protected: set[bytes]) -> Any:
+        answer = broken(policy, real, n, protected)
+        try:
+            return [key for key, _ in answer], [block for _, block in answer]
+        except (TypeError, ValueError):
+            return answer
+
+    if manager._policy_splits:
+        policy.evict_split = split  # type: ignore[method-assign]
+        return lambda: delattr(policy, "evict_split")
     policy.evict = lambda n, protected: broken(policy, real, n, protected)  # type: ignore[method-assign]
-    return real
+    return lambda: delattr(policy, "evict")
 
 
 def returns_a_pinned_block(policy: Any, real: Any, n: int, protected: set[bytes]) -> Any:
@@ -54,6 +98,11 @@ def returns_a_pinned_block(policy: Any, real: Any, n: int, protected: set[bytes]
 
 def returns_too_many(policy: Any, real: Any, n: int, protected: set[bytes]) -> Any:
     return real(n + 1, protected)
+
+
+def returns_no_pairs(policy: Any, real: Any, n: int, protected: set[bytes]) -> Any:
+    real(n, protected)  # removed from the policy, and the manager cannot tell which
+    return 5
 
 
 def raises_half_way(policy: Any, real: Any, n: int, protected: set[bytes]) -> Any:
@@ -71,29 +120,38 @@ def state(manager: CPUOffloadingManager) -> Any:
 
 
 @pytest.mark.parametrize("broken", [returns_a_pinned_block, returns_too_many])
-def test_contract_breaking_victims_are_put_back(broken: Any) -> None:
-    manager = full_manager()
+def test_contract_breaking_victims_are_put_back(
+    broken: Any, form: str, full_manager: CPUOffloadingManager
+) -> None:
+    manager = full_manager
     before = state(manager)
-    real = break_evict(manager, broken)
+    repair = break_evict(manager, broken)
     with pytest.raises(PluginError, match="broke the evict\\(\\) contract") as info:
         manager.prepare_store([k(4)], CTX)
-    assert info.value.plugin == "lru"
+    assert info.value.plugin == manager.cache_policy_name
+    assert f"fix the policy's {form}()" in str(info.value)
     assert state(manager) == before
     assert [manager.lookup(k(i), CTX) for i in range(4)] == [HIT] * 4
     manager.complete_load([k(2)], CTX)  # the pinned block is still the manager's
-    manager.policy.evict = real  # type: ignore[method-assign]
+    repair()
     # The put-back blocks are evictable again (their recency is that of a new insert).
     out = manager.prepare_store([k(4)], CTX)
     assert out is not None and len(out.evicted_keys) == 1
     assert manager.get_stats().evictions == before[0].evictions + 1
 
 
-def test_evict_raising_half_way_fails_the_manager_until_reset() -> None:
-    manager = full_manager()
-    break_evict(manager, raises_half_way)
-    with pytest.raises(PluginError, match="RuntimeError: evict crashed half-way") as info:
+@pytest.mark.parametrize(
+    ("broken", "error"),
+    [(raises_half_way, "RuntimeError: evict crashed half-way"), (returns_no_pairs, "got 5")],
+)
+def test_evict_raising_half_way_fails_the_manager_until_reset(
+    broken: Any, error: str, full_manager: CPUOffloadingManager
+) -> None:
+    manager = full_manager
+    break_evict(manager, broken)
+    with pytest.raises(PluginError, match=error) as info:
         manager.prepare_store([k(4)], CTX)
-    assert info.value.plugin == "lru"
+    assert info.value.plugin == manager.cache_policy_name
     for call in (
         lambda: manager.lookup(k(2), CTX),
         lambda: manager.complete_load([k(2)], CTX),

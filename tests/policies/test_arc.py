@@ -65,7 +65,7 @@ def check_invariants(policy: ARCCachePolicy) -> None:
         assert policy.get(key) is None
     # Each queue holds its live keys plus exactly the tombstones it counts.
     for queue, live in ((policy._t1, t1), (policy._b1._queue, b1), (policy._b2._queue, b2)):
-        assert len(queue.order) == len(live) + sum(queue.stale.values())
+        assert len(queue) == len(live) + sum(queue.stale.values())
 
 
 # -- ARC's rules -------------------------------------------------------------------------
@@ -401,7 +401,7 @@ def test_tombstones_never_outgrow_the_live_keys() -> None:
         if i % 7 == 0:
             h.store([k(100_000 + i)])
     live_t1 = len(h.policy.t1)
-    queue = h.policy._t1.order
+    queue = h.policy._t1
     assert len(queue) - live_t1 <= live_t1 // 8 + key_queue.COMPACT_SLACK
     check_invariants(h.policy)
 

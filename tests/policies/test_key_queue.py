@@ -12,7 +12,7 @@ from kv_offload.policies.key_queue import KeyQueue
 
 def check(queue: KeyQueue[int], live: list[int]) -> None:
     assert list(queue) == live
-    assert len(queue.order) - len(live) == sum(queue.stale.values())
+    assert len(queue) - len(live) == sum(queue.stale.values())
     assert all(count > 0 for count in queue.stale.values())
 
 
@@ -23,9 +23,9 @@ def test_peek_front_changes_nothing_and_counts_the_tombstones_it_passes() -> Non
     queue.requeue([1])  # 1's first entry is now a tombstone
     live.discard(3)
     queue.forget(3)
-    before = (list(queue.order), dict(queue.stale))
+    before = (list(queue.order), queue.head, dict(queue.stale))
     assert queue.peek_front(2) == ([2, 4], 4, {1: 1, 3: 1})  # passed the tombstones of 1, 3
-    assert (list(queue.order), dict(queue.stale)) == before
+    assert (list(queue.order), queue.head, dict(queue.stale)) == before
     queue.drop_front(4, {1: 1, 3: 1})
     check(queue, [1])
     assert queue.stale == {}
@@ -41,10 +41,12 @@ def test_pop_front_without_tombstones_is_plain() -> None:
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("slack", [-sys.maxsize, 256])
+@pytest.mark.parametrize("cut_slack", [0, 1024])
 def test_random_operations_match_a_list(
-    seed: int, slack: int, monkeypatch: pytest.MonkeyPatch
+    seed: int, slack: int, cut_slack: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(key_queue, "COMPACT_SLACK", slack)
+    monkeypatch.setattr(key_queue, "_CUT_SLACK", cut_slack)  # 0: the taken prefix is cut often
     rng = random.Random(seed)
     live: list[int] = []
     members: set[int] = set()

@@ -32,7 +32,7 @@ def order(policy: LRUCachePolicy) -> list[OffloadKey]:
 def check_invariants(policy: LRUCachePolicy) -> None:
     """Every resident key has exactly one live entry (its last); every other entry is stale."""
     queue = policy._queue
-    assert len(queue.order) - len(policy) == sum(queue.stale.values())
+    assert len(queue) - len(policy) == sum(queue.stale.values())
     assert all(count > 0 for count in queue.stale.values())
     assert sorted(order(policy)) == sorted(policy._blocks)
 
@@ -103,7 +103,7 @@ def test_clear_forgets_everything() -> None:
     policy.touch([k(1)], CTX)
     policy.clear()
     assert len(policy) == 0 and policy.get(k(1)) is None
-    assert not policy._queue.order and not policy._queue.stale
+    assert not len(policy._queue) and not policy._queue.stale
 
 
 def test_a_hot_key_touched_forever_keeps_the_queue_bounded() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from _policy_harness import k, run_request
 from kv_offload import CachePolicy, CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.policies.base import splits_victims
 from kv_offload.policy_factory import CachePolicyFactory
 from kv_offload_lru import LRUCachePolicy
 
@@ -107,3 +108,50 @@ def test_policies_that_do_not_override_them_are_never_called(
         run_request(manager, [k(0), k(1 + i % 5), k(100 + i)], f"r{i}")
     assert manager.get_stats().hits > 0
     assert called == []
+
+
+# -- which eviction method the manager asks ----------------------------------------------
+
+
+class LoggedEvictLRU(LRUCachePolicy):
+    """Wraps ``evict()`` alone, as a subclass that logs victims would."""
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> Any:
+        return super().evict(n, protected)
+
+
+class SplitAgainLRU(LoggedEvictLRU):
+    """...and a subclass of that which implements ``evict_split`` again."""
+
+    def evict_split(self, n: int, protected: set[OffloadKey]) -> Any:
+        return super().evict_split(n, protected)
+
+
+@pytest.mark.parametrize(
+    ("policy_cls", "splits"),
+    [
+        (LRUCachePolicy, True),  # implements both: the lists are asked for
+        (LoggedEvictLRU, False),  # its evict() override must keep being called
+        (SplitAgainLRU, True),
+        (CachePolicy, False),  # the default evict_split only splits evict()'s pairs
+    ],
+)
+def test_the_manager_asks_evict_split_only_below_the_last_evict_override(
+    policy_cls: type[CachePolicy], splits: bool
+) -> None:
+    assert splits_victims(policy_cls) is splits
+
+
+@pytest.mark.parametrize("policy", ["lru", "prefix-lru", "arc"])
+def test_evict_and_evict_split_give_the_same_victims(policy: str) -> None:
+    """Two managers driven alike, one policy answering evict(), the other evict_split()."""
+    managers = [CPUOffloadingManager(40, cache_policy=policy, enable_events=True) for _ in "ab"]
+    managers[0]._policy_splits = False  # asks evict(), as for a policy without evict_split
+    assert managers[1]._policy_splits
+    for i in range(300):
+        keys = [k(i * 7 % 97 + j) for j in range(i % 9 + 1)]
+        hits = [run_request(m, keys, f"r{i}") for m in managers]
+        events = [m.take_events() for m in managers]
+        assert hits[0] == hits[1] and events[0] == events[1]
+    stats = [m.get_stats() for m in managers]
+    assert stats[0] == stats[1] and stats[0].evictions > 1000

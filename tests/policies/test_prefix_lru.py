@@ -46,7 +46,7 @@ def check_invariants(policy: PrefixLRUCachePolicy) -> None:
     """One live entry per resident key, every other entry a counted tombstone; the record
     count is the record's size."""
     queue = policy._queue
-    assert len(queue.order) - len(policy) == sum(queue.stale.values())
+    assert len(queue) - len(policy) == sum(queue.stale.values())
     assert all(count > 0 for count in queue.stale.values())
     assert sorted(policy.order) == sorted(policy._blocks)
     assert policy._recorded == sum(map(len, policy._asked.values()))

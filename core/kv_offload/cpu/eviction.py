@@ -39,26 +39,31 @@ def evict_for(
     slots = manager._slots
     if shortfall > slots.num_evictable:
         return None
+    policy = manager._policy
+    split = manager._policy_splits
+    answer: Any  # the policy is a plugin: its answer is checked below, not trusted
     try:
-        victims = manager._policy.evict(shortfall, protected)
+        if split:
+            answer = policy.evict_split(shortfall, protected)
+        else:
+            answer = policy.evict(shortfall, protected)
     except Exception as exc:
         raise mark_failed(manager, exc) from exc
-    if victims is None:
+    if answer is None:
         return None
     try:
         keys, blocks = check.victims(
-            victims, shortfall, protected, slots, manager.cache_policy_name
+            answer, split, shortfall, protected, slots, manager.cache_policy_name
         )
     except PluginError as exc:
-        if not put_back(manager, victims):
+        if not put_back(manager, check.as_pairs(answer) if split else answer):
             raise mark_failed(manager, exc) from exc
         raise
     slots.release_idle(blocks)
     manager.counters.evictions += shortfall
-    evicted = list(keys)
     if manager.event_log is not None:
-        manager.event_log.record(evicted, MEDIUM_CPU, True)
-    return evicted
+        manager.event_log.record(keys, MEDIUM_CPU, True)
+    return keys
 
 
 def put_back(manager: CPUManagerState, chosen: Any) -> bool:

@@ -73,7 +73,7 @@ class SlotTable:
         refs = self.refs
         return [None if block is None else refs[block] for block in blocks]
 
-    def all_idle(self, blocks: tuple[BlockStatus, ...]) -> bool:
+    def all_idle(self, blocks: Blocks) -> bool:
         """Every block readable and not pinned (raises for a non-slot, on purpose)."""
         return not any(map(self.refs.__getitem__, blocks))
 
@@ -132,7 +132,7 @@ class SlotTable:
 
     # -- unchecked changes (the caller checked) ---------------------------------------------
 
-    def release_idle(self, blocks: tuple[BlockStatus, ...]) -> None:
+    def release_idle(self, blocks: list[BlockStatus]) -> None:
         """Idle blocks go back to the free list (they were evicted)."""
         self.free.extend(blocks)
         self.num_evictable -= len(blocks)

@@ -21,6 +21,7 @@ from ..plugins import (
     register_if_hookimpl,
 )
 from ..policies import CachePolicy, CachePolicyFactory
+from ..policies.base import splits_victims
 from ..types import ALLOCATION_SIZE_BOUNDS, OffloadingEvent, OffloadingStats, SizeHistogram
 from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, ReuseFilter, check_filter_args
 from .slots import SlotTable
@@ -185,6 +186,7 @@ class CPUManagerState(OffloadingManager):
         )
         self._policy: CachePolicy = policy
         self._get = policy.fast_get()  # bound once: the manager's hottest call
+        self._policy_splits = splits_victims(type(policy))  # evict_split, or evict's pairs
         self._slots = SlotTable(num_blocks)
         self._refs = self._slots.refs
         # Policy callbacks left as the base class's no-ops are not called at all.

@@ -25,6 +25,7 @@ from .slots import SlotTable
 __all__ = [
     "admitted",
     "as_list",
+    "as_pairs",
     "bad_batch",
     "check_context",
     "describe_victims",
@@ -147,6 +148,16 @@ def storable_error(
     )
 
 
+def as_pairs(answer: Any) -> Any:
+    """An ``evict_split`` answer as ``evict()``'s pairs, for messages (as it is if it is not
+    two sequences)."""
+    try:
+        keys, blocks = answer
+        return list(zip(keys, blocks))
+    except (TypeError, ValueError):
+        return answer
+
+
 def describe_victims(victims: Any, ref_count: Callable[[int], int]) -> str:
     """What a policy's broken ``evict()`` returned, with each block's ref count if possible."""
     try:
@@ -179,23 +190,39 @@ def admitted(answer: Any, to_store: list[OffloadKey]) -> list[OffloadKey]:
 
 
 def victims(
-    chosen: Any, expected: int, protected: set[Any], slots: SlotTable, policy_name: str
-) -> tuple[tuple[OffloadKey, ...], tuple[BlockStatus, ...]]:
-    """A policy's ``evict()`` answer as keys and blocks, checked against the contract.
+    answer: Any,
+    split: bool,
+    expected: int,
+    protected: set[Any],
+    slots: SlotTable,
+    policy_name: str,
+) -> tuple[list[OffloadKey], list[BlockStatus]]:
+    """A policy's eviction answer as keys and blocks, checked against the contract: ``(keys,
+    blocks)`` from ``evict_split`` when ``split``, else ``evict()``'s ``(key, block)`` pairs.
 
     The policy is a plugin: a victim that is pinned, pending or protected would have its
     bytes overwritten while in use, so the contract is checked, not trusted.
     """
     try:
-        keys, blocks = zip(*chosen)
-        kept = len(keys) == expected and slots.all_idle(blocks) and protected.isdisjoint(keys)
+        if split:
+            keys, blocks = answer
+        else:
+            keys = [key for key, _ in answer]
+            blocks = [block for _, block in answer]
+        kept = (
+            len(keys) == expected == len(blocks)
+            and slots.all_idle(blocks)
+            and protected.isdisjoint(keys)
+        )
     except (TypeError, ValueError, IndexError):
         kept = False
     if not kept:
+        method = "evict_split" if split else "evict"
+        got = describe_victims(as_pairs(answer) if split else answer, slots.refs.__getitem__)
         raise PluginError(
             f"policy {policy_name!r} broke the evict() contract: asked for {expected} "
-            f"(key, BlockStatus) pairs of idle, unprotected blocks, got "
-            f"{describe_victims(chosen, slots.refs.__getitem__)}; fix the policy's evict()",
+            f"(key, BlockStatus) pairs of idle, unprotected blocks, got {got}; fix the "
+            f"policy's {method}()",
             kind="policy",
             plugin=policy_name,
         )

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..keys import OffloadKey
 from ..types import ReqContext
 
-__all__ = ["CachePolicy"]
+__all__ = ["CachePolicy", "splits_victims"]
 
 
 class CachePolicy(ABC):
@@ -89,6 +89,22 @@ class CachePolicy(ABC):
         """Remove exactly ``n`` evictable blocks not in ``protected`` and return them, or
         return ``None`` without changing anything when that many cannot be found."""
 
+    def evict_split(
+        self, n: int, protected: set[OffloadKey]
+    ) -> tuple[list[OffloadKey], list[BlockStatus]] | None:
+        """:meth:`evict`'s answer as two lists, the keys and their blocks in the same order.
+
+        Optional: the manager calls it instead of :meth:`evict` when a policy implements it
+        (see :func:`splits_victims`), because a policy that picks keys and blocks as separate
+        lists would otherwise pair them up only for the manager to take the pairs apart again:
+        two passes over the victims of every eviction. The contract is :meth:`evict`'s. This
+        default splits :meth:`evict`'s pairs.
+        """
+        victims = self.evict(n, protected)
+        if victims is None:
+            return None
+        return [key for key, _ in victims], [block for _, block in victims]
+
     @abstractmethod
     def clear(self) -> None:
         """Forget every block, ghost entries and adaptive state included."""
@@ -126,3 +142,16 @@ class CachePolicy(ABC):
 
     def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
         """A request ended; drop any per-request state."""
+
+
+def splits_victims(policy_cls: type[CachePolicy]) -> bool:
+    """Whether the manager asks ``policy_cls`` for :meth:`~CachePolicy.evict_split` rather than
+    :meth:`~CachePolicy.evict`: it implements ``evict_split`` and no subclass below that
+    implementation overrides ``evict`` alone (a subclass that wraps ``evict``, say to log
+    victims, keeps being called)."""
+
+    def owner(name: str) -> type:
+        return next(cls for cls in policy_cls.__mro__ if name in vars(cls))
+
+    split_owner = owner("evict_split")
+    return split_owner is not CachePolicy and issubclass(split_owner, owner("evict"))

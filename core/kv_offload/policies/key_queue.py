@@ -2,16 +2,22 @@
 
 Fast-path module. Guarded by the reference implementations ``kv_offload_lru.reference`` and
 ``kv_offload_arc.reference`` (plain ``OrderedDict`` policies the tests replay random workloads
-against, step by step: ``tests/policies/``) and by ``benchmarks/replay.py`` (throughput) and
+against, step by step: ``tests/policies/``), by ``tests/policies/test_key_queue.py`` (random
+operations against a plain list of live keys), and by ``benchmarks/replay.py`` (throughput) and
 ``benchmarks/memory.py`` (bytes per resident block).
 
 Why not an ``OrderedDict``: once eviction churn has resized it, it costs a linked node per key
-and a node table as large as its hash table, 120 to 195 bytes per key; a ``deque`` of key
-references costs 8. The price is that removing a key from the middle (a touch in LRU, a
+and a node table as large as its hash table, 120 to 195 bytes per key; a list of key
+references costs 8 to 11. The price is that removing a key from the middle (a touch in LRU, a
 promotion or a ghost hit in ARC) cannot unlink it: the entry stays and becomes a *tombstone*,
 counted in ``stale``. A key is only appended when it (re)joins the queue, so its tombstones
 always precede its one live entry, and reading from the front tells them apart by the count
-alone. Membership is the owner's business (the dict or set it already has).
+alone.
+
+The entries live in a list read from index ``head``: taking the oldest ``n`` keys is one slice
+and one addition, where a ``deque`` pops them one call at a time. The consumed prefix is cut
+off once it is a quarter of the list (a ``memmove``, amortised to a few bytes per key).
+Membership is the owner's business (the dict or set it already has).
 
 One threshold rule bounds the tombstones, applied by the queue itself whenever it makes one:
 it rebuilds once they pass an eighth of the live keys plus :data:`COMPACT_SLACK`, which keeps
@@ -20,9 +26,8 @@ the rebuild's linear cost constant per tombstone and small caches from rebuildin
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
-from itertools import filterfalse, islice, repeat, starmap
+from itertools import filterfalse, islice, repeat
 from operator import add
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -30,10 +35,8 @@ __all__ = ["KeyQueue", "COMPACT_SLACK"]
 
 #: Tombstones a queue may hold beyond an eighth of its live keys before it is rebuilt.
 COMPACT_SLACK = 256
-
-_NO_ARGS = ()
-# Drains an iterator at C speed, for maps run only for their side effects.
-_consume = deque[object](maxlen=0).extend
+#: Consumed entries kept at the list's start before they are cut off (and a quarter of it).
+_CUT_SLACK = 1024
 
 K = TypeVar("K", bound=Hashable)
 _NO_TOMBSTONES: dict[Any, int] = {}  # what peek_front passed when it met none; never written
@@ -49,24 +52,26 @@ class Membership(Protocol):
 class KeyQueue(Generic[K]):
     """Keys oldest first; any key leaves in O(1) by leaving a tombstone behind.
 
-    * ``order``: every entry, live or tombstone, oldest first;
+    * ``order[head:]``: every entry, live or tombstone, oldest first (``order[:head]`` were
+      taken already);
     * ``stale[key]``: how many of ``key``'s entries are tombstones (absent means none);
     * ``members`` (and not in ``unless``): the owner's own record of which keys are live, read
       only when the queue rebuilds itself. The owner updates it *before* it tells the queue a
       key left (:meth:`forget`), so a rebuild never revives a key on its way out.
     """
 
-    __slots__ = ("members", "order", "stale", "unless")
+    __slots__ = ("head", "members", "order", "stale", "unless")
 
     def __init__(self, members: Membership, unless: Membership | None = None) -> None:
         self.members = members
         self.unless = unless
-        self.order: deque[K] = deque()
+        self.order: list[K] = []
+        self.head = 0
         self.stale: dict[K, int] = {}
 
     def __len__(self) -> int:
         """Entries, tombstones included (the owner knows how many keys are live)."""
-        return len(self.order)
+        return len(self.order) - self.head
 
     def extend(self, keys: Iterable[K]) -> None:
         """Append keys that are not in the queue (no live entry), newest last."""
@@ -105,8 +110,9 @@ class KeyQueue(Generic[K]):
         entries lead up to the last of them, and how many tombstones of each key are among
         those entries; nothing changes. :meth:`drop_front` takes the last two."""
         order = self.order
+        head = self.head
         stale = self.stale
-        front = list(islice(order, count))
+        front = order[head : head + count]
         if not stale or stale.keys().isdisjoint(front):
             return front, count, _NO_TOMBSTONES
         live: list[K] = []
@@ -131,14 +137,19 @@ class KeyQueue(Generic[K]):
             missing = count - len(live)
             if not missing:  # the chunk was all live, so its last entry is the count-th
                 return live, entries, passed
-            chunk = list(islice(order, entries, entries + missing))
+            start = head + entries
+            chunk = order[start : start + missing]
             if not chunk:
                 raise RuntimeError("key queue holds fewer live keys than its owner counts")
 
     def drop_front(self, entries: int, tombstones: dict[K, int]) -> None:
         """Remove the ``entries`` oldest entries, which hold ``tombstones`` (both as
         :meth:`peek_front` counted them): the live ones leave, the tombstones are forgotten."""
-        _consume(starmap(self.order.popleft, repeat(_NO_ARGS, entries)))
+        head = self.head + entries
+        if head > _CUT_SLACK and head > len(self.order) >> 2:
+            del self.order[:head]
+            head = 0
+        self.head = head
         if tombstones:
             stale = self.stale
             for key, times in tombstones.items():
@@ -157,12 +168,13 @@ class KeyQueue(Generic[K]):
 
     def __iter__(self) -> Iterator[K]:
         """Live keys, oldest first; the queue must not change while this runs."""
+        entries = islice(self.order, self.head, None)
         stale = self.stale
         if not stale:
-            yield from self.order
+            yield from entries
             return
         passed: dict[K, int] = {}
-        for key in self.order:
+        for key in entries:
             dead = stale.get(key)
             if dead is not None and passed.get(key, 0) < dead:
                 passed[key] = passed.get(key, 0) + 1
@@ -177,15 +189,17 @@ class KeyQueue(Generic[K]):
         """
         unless = self.unless
         live = len(self.members) - (len(unless) if unless is not None else 0)
-        order = self.order
-        if len(order) - live > (live >> 3) + COMPACT_SLACK:
-            latest = reversed(dict.fromkeys(reversed(order)))
+        if len(self.order) - self.head - live > (live >> 3) + COMPACT_SLACK:
+            del self.order[: self.head]
+            latest = reversed(dict.fromkeys(reversed(self.order)))
             kept: Iterator[K] = filter(self.members.__contains__, latest)
             if unless is not None:
                 kept = filterfalse(unless.__contains__, kept)
-            self.order = deque(kept)
+            self.order = list(kept)
+            self.head = 0
             self.stale.clear()
 
     def clear(self) -> None:
         self.order.clear()
+        self.head = 0
         self.stale.clear()

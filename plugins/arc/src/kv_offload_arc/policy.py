@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from itertools import groupby, islice, repeat
-from operator import attrgetter, itemgetter, or_
+from itertools import groupby, islice
+from operator import itemgetter, or_
 
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
 from kv_offload.policies.key_queue import KeyQueue
@@ -17,11 +17,9 @@ __all__ = ["ARCCachePolicy"]
 
 _key = itemgetter(0)
 _block = itemgetter(1)
-_ref_cnt = attrgetter("ref_cnt")
-# Drains an iterator at C speed, for maps run only for their side effects.
-_consume = deque[object](maxlen=0).extend
 
 _Victims = list[tuple[OffloadKey, BlockStatus]]
+_Split = tuple[list[OffloadKey], list[BlockStatus]]
 
 
 class ARCCachePolicy(CachePolicy):
@@ -211,8 +209,12 @@ class ARCCachePolicy(CachePolicy):
     # -- eviction: peek, check, then commit -----------------------------------------------
 
     def evict(self, n: int, protected: set[OffloadKey]) -> _Victims | None:
+        answer = self.evict_split(n, protected)
+        return None if answer is None else list(zip(*answer))
+
+    def evict_split(self, n: int, protected: set[OffloadKey]) -> _Split | None:
         if n <= 0:
-            return []
+            return [], []
         resident = self._resident
         t2 = self._t2
         len2 = len(t2)
@@ -223,41 +225,51 @@ class ARCCachePolicy(CachePolicy):
         # with C-level maps instead of a Python step per block.
         keys1, entries1, tombstones1 = self._t1.peek_front(from1) if from1 else ([], 0, {})
         blocks1 = list(map(resident.__getitem__, keys1))
-        oldest2 = list(islice(t2.items(), from2))
+        keys2 = list(islice(t2, from2))
+        blocks2 = list(islice(t2.values(), from2))
         if (
-            not any(map(_ref_cnt, blocks1))
+            not BlockStatus.any_in_use(blocks1)
+            and not BlockStatus.any_in_use(blocks2)
             and protected.isdisjoint(keys1)
-            and not any(map(_ref_cnt, map(_block, oldest2)))
-            and protected.isdisjoint(map(_key, oldest2))
+            and protected.isdisjoint(keys2)
         ):
             if entries1:
                 self._t1.drop_front(entries1, tombstones1)
-            _consume(map(t2.popitem, repeat(False, from2)))
-            return self._commit(keys1, blocks1, oldest2)
+            for _ in range(from2):
+                t2.popitem(False)
+            return self._commit(keys1, blocks1, keys2, blocks2)
         chosen = replace.scan(n, from1, self._t1, resident, t2, protected)
         if chosen is None:
             return None
         picked1, picked2 = chosen
         keys1 = list(map(_key, picked1))
-        _consume(map(t2.__delitem__, map(_key, picked2)))
-        victims = self._commit(keys1, list(map(_block, picked1)), picked2)
+        keys2 = list(map(_key, picked2))
+        for key in keys2:
+            del t2[key]
+        victims = self._commit(keys1, list(map(_block, picked1)), keys2, list(map(_block, picked2)))
         self._t1.forget_many(keys1)  # after they left _resident, which says who is live
         return victims
 
     def _commit(
-        self, keys1: list[OffloadKey], blocks1: list[BlockStatus], taken2: _Victims
-    ) -> _Victims:
+        self,
+        keys1: list[OffloadKey],
+        blocks1: list[BlockStatus],
+        keys2: list[OffloadKey],
+        blocks2: list[BlockStatus],
+    ) -> _Split:
         """The chosen victims, already out of T1's order and T2, leave ``_resident`` and
         become ghosts of the list they left."""
         resident = self._resident
-        _consume(map(resident.__delitem__, keys1))
-        keys2 = list(map(_key, taken2))
-        _consume(map(resident.__delitem__, keys2))
+        for key in keys1:
+            del resident[key]
+        for key in keys2:
+            del resident[key]
         if keys1:
             self._b1.add_many(keys1)
-        if keys2:
-            self._b2.add_many(keys2)
-        return list(zip(keys1, blocks1)) + taken2
+        if not keys2:
+            return keys1, blocks1
+        self._b2.add_many(keys2)
+        return keys1 + keys2, blocks1 + blocks2
 
     def clear(self) -> None:
         self._resident.clear()

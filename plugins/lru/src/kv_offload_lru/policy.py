@@ -7,21 +7,16 @@ common eviction, the bulk of the work, never create tombstones and run as whole-
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice
-from operator import attrgetter
 
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
 from kv_offload.policies.key_queue import KeyQueue
 
 __all__ = ["LRUCachePolicy"]
 
-_ref_cnt = attrgetter("ref_cnt")
-# Drains an iterator at C speed, for maps run only for their side effects.
-_consume = deque[object](maxlen=0).extend
-
 _Victims = list[tuple[OffloadKey, BlockStatus]]
+_Split = tuple[list[OffloadKey], list[BlockStatus]]
 
 
 class LRUCachePolicy(CachePolicy):
@@ -70,9 +65,13 @@ class LRUCachePolicy(CachePolicy):
             self._queue.forget(key)
 
     def evict(self, n: int, protected: set[OffloadKey]) -> _Victims | None:
+        answer = self.evict_split(n, protected)
+        return None if answer is None else list(zip(*answer))
+
+    def evict_split(self, n: int, protected: set[OffloadKey]) -> _Split | None:
         """The ``n`` least recent idle, unprotected blocks, or ``None``: peek, check, commit."""
         if n <= 0:
-            return []
+            return [], []
         resident = self._blocks
         if n > len(resident):
             return None
@@ -80,13 +79,14 @@ class LRUCachePolicy(CachePolicy):
         # The common case: the n oldest are idle and unprotected; checked with C-level maps.
         front, entries, tombstones = queue.peek_front(n)
         blocks = list(map(resident.__getitem__, front))
-        if not any(map(_ref_cnt, blocks)) and protected.isdisjoint(front):
+        if not BlockStatus.any_in_use(blocks) and protected.isdisjoint(front):
             queue.drop_front(entries, tombstones)
-            _consume(map(resident.__delitem__, front))
-            return list(zip(front, blocks))
+            for key in front:
+                del resident[key]
+            return front, blocks
         return self._evict_scanning(n, protected)
 
-    def _evict_scanning(self, n: int, protected: set[OffloadKey]) -> _Victims | None:
+    def _evict_scanning(self, n: int, protected: set[OffloadKey]) -> _Split | None:
         """Oldest first, stepping over busy or protected blocks, which keep their place."""
         resident = self._blocks
         idle = (
@@ -99,9 +99,10 @@ class LRUCachePolicy(CachePolicy):
             return None
         # The generator is abandoned here, before anything it iterates over changes.
         keys = [key for key, _ in victims]
-        _consume(map(resident.__delitem__, keys))
+        for key in keys:
+            del resident[key]
         self._queue.forget_many(keys)  # after they left _blocks, which says who is live
-        return victims
+        return keys, [block for _, block in victims]
 
     def clear(self) -> None:
         self._blocks.clear()

@@ -23,8 +23,7 @@ lose their record and end without a refresh, which only makes them plain LRU req
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import islice, repeat, starmap
+from itertools import islice
 
 from kv_offload import OffloadKey, ReqContext
 
@@ -36,9 +35,6 @@ __all__ = ["MAX_OPEN_REQUESTS", "MIN_RECORDED_KEYS", "PrefixLRUCachePolicy"]
 MAX_OPEN_REQUESTS = 4096
 #: The key bound of :meth:`PrefixLRUCachePolicy.max_recorded_keys` for small caches.
 MIN_RECORDED_KEYS = 4096
-
-# Drains an iterator at C speed, for maps run only for their side effects.
-_consume = deque[object](maxlen=0).extend
 
 
 class PrefixLRUCachePolicy(LRUCachePolicy):
@@ -117,8 +113,8 @@ class PrefixLRUCachePolicy(LRUCachePolicy):
         queue = self._queue
         order = queue.order
         count = len(live)
-        if set(islice(reversed(order), count)) == distinct:
-            _consume(starmap(order.pop, repeat((), count)))
+        if count <= len(queue) and set(islice(reversed(order), count)) == distinct:
+            del order[len(order) - count :]
             order.extend(live)
         else:  # each key gets a second entry at the back; its first becomes the tombstone
             queue.extend(live)  # (tombstones are counted from the front, and a rebuild
