@@ -1,12 +1,11 @@
 """What the managers' entry guard (kv_offload.concurrency) costs the replay, in one process.
 
-The baseline is the same ``CPUOffloadingManager`` with the guard taken out: its module is
-parsed, every inline guard (``entry = self._entry`` ... ``try: <body> finally: ...``) is
-replaced by its body and every ``@entry_guarded`` line dropped, and the result is compiled next
-to the real one. Both replay the bundled trace, interleaved, timed with the process's CPU time
-(other work on a shared machine does not count); reported as throughput ratios, best and
-median. Separate-process runs of ``benchmarks/replay.py`` against an older checkout measure
-the same thing with more noise.
+The baseline is a subclass of ``CPUOffloadingManager`` whose guarded methods are the same
+methods' bodies without the guard (``concurrency.unguarded``: every guarded method is an
+``entry_guarded`` wrapper around its body). Both replay the bundled trace, interleaved, timed
+with the process's CPU time (other work on a shared machine does not count); reported as
+throughput ratios, best and median. Separate-process runs of ``benchmarks/replay.py`` against
+an older checkout measure the same thing with more noise.
 
     python benchmarks/guard_overhead.py [--rounds 12] [--capacity 5000] [--policy lru]
 """
@@ -14,57 +13,31 @@ the same thing with more noise.
 from __future__ import annotations
 
 import argparse
-import ast
 import gc
-import inspect
 import statistics
 import sys
 import time
-import types
 from collections.abc import Sequence
 from pathlib import Path
 
-import kv_offload.cpu.manager as guarded_module
+from kv_offload import CPUOffloadingManager
+from kv_offload.concurrency import unguarded
 from kv_offload.replay import replay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay import DEFAULT_TRACE, load
 
 
-class _StripGuards(ast.NodeTransformer):
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.FunctionDef:
-        node.decorator_list = [
-            d
-            for d in node.decorator_list
-            if not (isinstance(d, ast.Name) and d.id == "entry_guarded")
-        ]
-        body = node.body
-        start = 1 if body and isinstance(body[0], ast.Expr) else 0  # the docstring stays
-        rest = body[start:]
-        if (
-            len(rest) == 3
-            and isinstance(rest[0], ast.Assign)
-            and ast.unparse(rest[0]) == "entry = self._entry"
-            and isinstance(rest[2], ast.Try)
-            and rest[2].finalbody
-        ):
-            node.body = body[:start] + rest[2].body
-        return node
-
-
-def unguarded_class() -> type:
-    """``CPUOffloadingManager`` compiled from its own source without the entry guard."""
-    tree = ast.parse(inspect.getsource(guarded_module))
-    tree = ast.fix_missing_locations(_StripGuards().visit(tree))
-    module = types.ModuleType("kv_offload.cpu._unguarded_manager")
-    module.__package__ = "kv_offload.cpu"
-    sys.modules[module.__name__] = module
-    exec(compile(tree, "<unguarded kv_offload.cpu.manager>", "exec"), module.__dict__)
-    cls: type = module.CPUOffloadingManager
-    source = ast.unparse(tree)
-    if "entry.pop()" in source or "@entry_guarded" in source:
-        raise SystemExit("could not strip every guard; update _StripGuards")
-    return cls
+def unguarded_class() -> type[CPUOffloadingManager]:
+    """``CPUOffloadingManager`` with every guarded method replaced by its unguarded body."""
+    bodies = {}
+    for cls in CPUOffloadingManager.__mro__:
+        for name, value in vars(cls).items():
+            if hasattr(value, "__wrapped__") and name not in bodies:
+                bodies[name] = unguarded(value)
+    if "lookup" not in bodies or "prepare_store" not in bodies:
+        raise SystemExit("no guarded methods found: has kv_offload.concurrency changed?")
+    return type("UnguardedCPUOffloadingManager", (CPUOffloadingManager,), bodies)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     requests = load(DEFAULT_TRACE)
     blocks = sum(len(keys) for _, keys in requests)
-    stacks = {"unguarded": unguarded_class(), "guarded": guarded_module.CPUOffloadingManager}
+    stacks = {"unguarded": unguarded_class(), "guarded": CPUOffloadingManager}
     print(f"trace: {DEFAULT_TRACE.name}, {blocks} blocks, capacity {args.capacity}")
     for policy in args.policy or ["lru", "arc"]:
         times: dict[str, list[float]] = {name: [] for name in stacks}

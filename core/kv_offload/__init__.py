@@ -8,7 +8,6 @@ from .base import OffloadingManager
 from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
 from .build import build_manager
-from .concurrency import SynchronizedManager, synchronized
 from .config import StackConfig, load_config
 from .cpu import CPUOffloadingManager
 from .errors import (
@@ -40,6 +39,7 @@ from .plugins import (
 from .plugins import hookspecs as hookspecs
 from .plugins.hookspecs import hookimpl, hookspec
 from .policies import CachePolicy, CachePolicyFactory
+from .synchronized import SynchronizedManager, synchronized
 from .tier_types import (
     Locality,
     Medium,

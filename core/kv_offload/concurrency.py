@@ -28,34 +28,18 @@ import functools
 import inspect
 import linecache
 import sys
-import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from .base import OffloadingManager
-from .errors import ConcurrentUseError, InvalidArgumentError
-from .keys import OffloadKey
-from .tier_types import RequestOffloadingContext
-from .types import (
-    CPULoadStoreSpec,
-    LookupResult,
-    OffloadingEvent,
-    OffloadingStats,
-    PrepareStoreOutput,
-    ReqContext,
-)
-
-if TYPE_CHECKING:
-    from .tiering.stats import TieringStats, TierStats
+from .errors import ConcurrentUseError
 
 __all__ = [
     "ConcurrentUseError",
-    "SynchronizedManager",
     "concurrent_use_error",
     "entry_guarded",
     "new_entry_token",
-    "synchronized",
+    "unguarded",
 ]
 
 P = ParamSpec("P")
@@ -119,8 +103,10 @@ def _outer_call(manager: object) -> str | None:
     return None
 
 
-#: The wrapper entry_guarded() compiles per method: the method's own parameters (no
-#: ``*args``/``**kwargs`` repacking: measured at about 200 ns a call, the guard itself ~25 ns).
+#: The wrapper entry_guarded() compiles per method, with the method's own parameters. As for the
+#: ``__init__`` that ``dataclasses`` generates, the signature is why it is compiled from source:
+#: a closure would take ``*args, **kwargs`` and repack them, measured at about 200 ns a call
+#: (the guard itself costs about 25 ns; the compiled wrapper's extra frame about as much).
 _WRAPPER = """\
 def {name}({params}):
     entry = {self}._entry
@@ -139,7 +125,7 @@ def entry_guarded(
     method: Callable[Concatenate[G, P], R],
 ) -> Callable[Concatenate[G, P], R]:
     """``method`` behind the manager's entry guard, as a wrapper with ``method``'s own
-    signature (the per-block and per-request methods inline the same lines instead)."""
+    signature; the wrapper's source shows in tracebacks as ``<entry guard of ...>``."""
     name = method.__name__
     params, args = [], []
     namespace: dict[str, Any] = {"method": method, "concurrent_use_error": concurrent_use_error}
@@ -179,133 +165,3 @@ def unguarded(method: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G,
     (``shutdown()`` resets the cache while it holds the guard)."""
     inner: Callable[Concatenate[G, P], R] = getattr(method, "__wrapped__", method)
     return inner
-
-
-class SynchronizedManager(OffloadingManager):
-    """An :class:`~kv_offload.OffloadingManager` whose every call holds one lock, for callers
-    that truly share a manager between threads (:func:`synchronized` builds it).
-
-    Calls are serialised, so counters and ref counts stay what one thread would produce. The
-    lock is re-entrant: a hook that calls the wrapper back on the same thread gets the inner
-    manager's :class:`~kv_offload.ConcurrentUseError` instead of a deadlock. Attributes the
-    interface does not declare (``drain()``, ``primary``, ``ref_count()``, ...) are forwarded,
-    methods under the lock.
-    """
-
-    wrapped: OffloadingManager
-
-    def __init__(self, manager: OffloadingManager) -> None:
-        if not isinstance(manager, OffloadingManager):
-            raise InvalidArgumentError(
-                f"synchronized() takes an OffloadingManager (CPUOffloadingManager, "
-                f"TieringOffloadingManager, build_manager(...)), got {type(manager).__name__}"
-            )
-        #: The lock every forwarded call holds (re-entrant; shared by wrappers of a wrapper).
-        self.lock: threading.RLock = threading.RLock()
-        if isinstance(manager, SynchronizedManager):
-            self.lock = manager.lock
-            manager = manager.wrapped
-        #: The manager every call is forwarded to.
-        self.wrapped = manager
-        self.kv_buffer = manager.kv_buffer  # fixed at construction in every manager
-        self.plugin_manager = manager.plugin_manager
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("wrapped", "lock"):  # not set yet (copy, unpickling): no recursion
-            raise AttributeError(name)
-        value = getattr(self.wrapped, name)
-        if not callable(value) or name.startswith("__"):
-            return value
-        lock = self.lock
-
-        @functools.wraps(value)
-        def locked(*args: Any, **kwargs: Any) -> Any:
-            with lock:
-                return value(*args, **kwargs)
-
-        return locked
-
-    def __repr__(self) -> str:
-        return f"synchronized({self.wrapped!r})"
-
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext | None:
-        with self.lock:
-            return self.wrapped.on_new_request(req_context)
-
-    def on_request_finished(self, req_context: ReqContext) -> None:
-        with self.lock:
-            self.wrapped.on_request_finished(req_context)
-
-    def on_schedule_end(self) -> None:
-        with self.lock:
-            self.wrapped.on_schedule_end()
-
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        with self.lock:
-            return self.wrapped.lookup(key, req_context)
-
-    def prepare_load(
-        self, keys: Collection[OffloadKey], req_context: ReqContext
-    ) -> CPULoadStoreSpec:
-        with self.lock:
-            return self.wrapped.prepare_load(keys, req_context)
-
-    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        with self.lock:
-            self.wrapped.complete_load(keys, req_context)
-
-    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        with self.lock:
-            self.wrapped.touch(keys, req_context)
-
-    def prepare_store(
-        self,
-        keys: Collection[OffloadKey],
-        req_context: ReqContext,
-        *,
-        protected: Collection[OffloadKey] = (),
-    ) -> PrepareStoreOutput | None:
-        with self.lock:
-            return self.wrapped.prepare_store(keys, req_context, protected=protected)
-
-    def complete_store(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
-    ) -> None:
-        with self.lock:
-            self.wrapped.complete_store(keys, req_context, success)
-
-    def take_events(self) -> list[OffloadingEvent]:
-        with self.lock:
-            return self.wrapped.take_events()
-
-    def reset_cache(self) -> None:
-        with self.lock:
-            self.wrapped.reset_cache()
-
-    def get_stats(self) -> OffloadingStats | TieringStats:
-        with self.lock:  # a snapshot between calls: every field from the same moment
-            return self.wrapped.get_stats()
-
-    def cpu_stats(self) -> OffloadingStats:
-        with self.lock:
-            return self.wrapped.cpu_stats()
-
-    def tier_stats(self) -> list[TierStats]:
-        with self.lock:
-            return self.wrapped.tier_stats()
-
-    def shutdown(self) -> None:
-        with self.lock:
-            self.wrapped.shutdown()
-
-
-def synchronized(manager: OffloadingManager) -> SynchronizedManager:
-    """``manager`` behind one re-entrant lock: any number of threads may call it.
-
-    For callers that share a manager between threads; the scheduler's own thread needs no
-    wrapper (see :mod:`kv_offload.concurrency`). A manager already wrapped is returned as it
-    is: one lock per manager is what serialises its callers.
-    """
-    if isinstance(manager, SynchronizedManager):
-        return manager
-    return SynchronizedManager(manager)

@@ -13,17 +13,16 @@ builds the error on the slow path.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Collection
 
 from ..block_status import BlockStatus
-from ..concurrency import concurrent_use_error, entry_guarded, unguarded
+from ..concurrency import entry_guarded, unguarded
 from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
 from . import eviction
 from . import validation as check
 from .slots import without_block
-from .state import ALLOCATION_SIZE_BOUNDS, MEDIUM_CPU, CPUManagerState
+from .state import MEDIUM_CPU, CPUManagerState
 
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
@@ -47,47 +46,32 @@ class CPUOffloadingManager(CPUManagerState):
 
     Single-threaded: drive it from the scheduler's thread. Each request-flow method (and
     ``pin``/``unpin``, ``take_events``, ``reset_cache``, ``shutdown``) takes the entry guard
-    of :mod:`kv_offload.concurrency` first, so a second thread, or a hook calling back into the
-    flow, gets :class:`~kv_offload.ConcurrentUseError` with nothing changed; the per-block and
-    per-request methods inline the guard (an extra call frame would cost more than the
-    guard), the rest use :func:`~kv_offload.concurrency.entry_guarded`. ``get_stats()``,
-    ``ref_count()``, ``block_id()`` and the ``num_*`` properties are lock-free reads, open to
-    hooks and other threads. Share it between threads with :func:`kv_offload.synchronized`.
+    first (:func:`~kv_offload.concurrency.entry_guarded`), so a second thread, or a hook
+    calling back into the flow, gets :class:`~kv_offload.ConcurrentUseError` with nothing
+    changed. ``get_stats()``, ``ref_count()``, ``block_id()`` and the ``num_*`` properties are
+    lock-free reads, open to hooks and other threads. Share it between threads with
+    :func:`kv_offload.synchronized`.
     """
 
     # -- request lifecycle ----------------------------------------------------------------
 
+    @entry_guarded
     def on_new_request(self, req_context: ReqContext) -> None:
-        entry = self._entry
-        try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "on_new_request") from None
-        try:
-            if self._closed:
-                raise check.closed_error("on_new_request")
-            if getattr(req_context, "req_id", None) is None:
-                check.check_context(req_context, "on_new_request")
-            if (hook := self.hooks.request_started) is not None:
-                hook(manager=self, req_context=req_context)
-        finally:
-            entry.append(True)
+        if self._closed:
+            raise check.closed_error("on_new_request")
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, "on_new_request")
+        if (hook := self.hooks.request_started) is not None:
+            hook(manager=self, req_context=req_context)
 
+    @entry_guarded
     def on_request_finished(self, req_context: ReqContext) -> None:
-        entry = self._entry
-        try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "on_request_finished") from None
-        try:
-            if getattr(req_context, "req_id", None) is None:
-                check.check_context(req_context, "on_request_finished")
-            if self._on_request_finished is not None:
-                self._on_request_finished(req_context)
-            if (hook := self.hooks.request_finished) is not None:
-                hook(manager=self, req_context=req_context)
-        finally:
-            entry.append(True)
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, "on_request_finished")
+        if self._on_request_finished is not None:
+            self._on_request_finished(req_context)
+        if (hook := self.hooks.request_finished) is not None:
+            hook(manager=self, req_context=req_context)
 
     def on_schedule_end(self) -> None:
         """End of a scheduler step; nothing is deferred in the CPU-only manager."""
@@ -99,11 +83,7 @@ class CPUOffloadingManager(CPUManagerState):
     ) -> tuple[list[OffloadKey], list[BlockStatus | None]]:
         """The keys as a list, with each key's block (``None`` if absent); raises for a bad
         context or an unhashable key before anything changes."""
-        try:
-            req_id = req_context.req_id
-        except AttributeError:
-            req_id = None
-        if req_id is None:
+        if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, operation)
         key_list = keys if type(keys) is list else check.as_list(keys, operation)
         try:
@@ -121,67 +101,43 @@ class CPUOffloadingManager(CPUManagerState):
             raise check.bad_batch(key_list, operation)
         return key_list, key_set, blocks
 
+    @entry_guarded
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is loadable now, ``PENDING`` if its store is in flight."""
-        entry = self._entry
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, "lookup")
         try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "lookup") from None
-        try:
-            try:
-                req_id = req_context.req_id
-                block = self._get(key)
-            except (AttributeError, TypeError):
-                check.check_context(req_context, "lookup")
-                raise check.bad_batch([key], "lookup") from None
-            if req_id is None:
-                check.check_context(req_context, "lookup")
-            counters = self.counters
-            if block is None:
-                if self._closed:  # the cache is empty after shutdown: only misses pay the check
-                    raise check.closed_error("lookup")
-                counters.misses += 1
-                return _MISS
-            if self._refs[block] < 0:
-                counters.pending_lookups += 1
-                return _PENDING
-            counters.hits += 1
-            return _HIT
-        finally:
-            entry.append(True)
+            block = self._get(key)
+        except TypeError:
+            raise check.bad_batch([key], "lookup") from None
+        if block is None:
+            if self._closed:  # the cache is empty after shutdown: only misses pay the check
+                raise check.closed_error("lookup")
+            self.counters.misses += 1
+            return _MISS
+        if self._refs[block] < 0:
+            self.counters.pending_lookups += 1
+            return _PENDING
+        self.counters.hits += 1
+        return _HIT
 
+    @entry_guarded
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
         """Pin loadable blocks until :meth:`complete_load`; returns their slots in key order."""
-        entry = self._entry
-        try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "prepare_load") from None
-        try:
-            spec = CPULoadStoreSpec(self._pin(keys, req_context, "prepare_load"))
-            if self._on_request_access is not None:
-                self._on_request_access(keys if type(keys) is list else list(keys), req_context)
-            return spec
-        finally:
-            entry.append(True)
+        spec = CPULoadStoreSpec(self._pin(keys, req_context, "prepare_load"))
+        if self._on_request_access is not None:
+            self._on_request_access(keys if type(keys) is list else list(keys), req_context)
+        return spec
 
+    @entry_guarded
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin blocks pinned by :meth:`prepare_load`."""
-        entry = self._entry
-        try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "complete_load") from None
-        try:
-            key_list = keys if type(keys) is list else check.as_list(keys, "complete_load")
-            self.counters.loaded += self._unpin(key_list, req_context, "complete_load")
-            if (hook := self.hooks.blocks_loaded) is not None:
-                hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
-        finally:
-            entry.append(True)
+        key_list = keys if type(keys) is list else check.as_list(keys, "complete_load")
+        self.counters.loaded += self._unpin(key_list, req_context, "complete_load")
+        if (hook := self.hooks.blocks_loaded) is not None:
+            hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
 
     @entry_guarded
     def pin(
@@ -235,26 +191,19 @@ class CPUOffloadingManager(CPUManagerState):
 
     _unpin = unguarded(unpin)  # for complete_load, which holds the entry guard
 
+    @entry_guarded
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Mark blocks as recently used; keys not in the CPU tier are ignored."""
-        entry = self._entry
+        if getattr(req_context, "req_id", None) is None:
+            check.check_context(req_context, "touch")
+        key_list = keys if type(keys) is list else check.as_list(keys, "touch")
         try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "touch") from None
-        try:
-            if getattr(req_context, "req_id", None) is None:
-                check.check_context(req_context, "touch")
-            key_list = keys if type(keys) is list else check.as_list(keys, "touch")
-            try:
-                unique = len(set(key_list)) == len(key_list)
-            except TypeError:
-                unique = False
-            if not unique:
-                raise check.bad_batch(key_list, "touch")
-            self._policy.touch(key_list, req_context)
-        finally:
-            entry.append(True)
+            unique = len(set(key_list)) == len(key_list)
+        except TypeError:
+            unique = False
+        if not unique:
+            raise check.bad_batch(key_list, "touch")
+        self._policy.touch(key_list, req_context)
 
     # -- stores ---------------------------------------------------------------------------
 
@@ -300,22 +249,18 @@ class CPUOffloadingManager(CPUManagerState):
                 return _empty_store()
         if self._on_store_miss is not None:
             self._on_store_miss(to_store, req_context)
-        counters = self.counters
-        slots = self._slots
-        shortfall = count - slots.num_free
+        shortfall = count - self._slots.num_free
         evicted: list[OffloadKey] = []
         if shortfall > 0:
             found = eviction.evict_for(self, shortfall, key_set)
             if found is None:
-                counters.rejected_stores += 1
-                counters.observe_allocation(count)
+                self.counters.rejected_stores += 1
+                self.counters.observe_allocation(count)
                 return None
             evicted = found
-        # Counted once eviction can no longer raise: a broken policy leaves the stats as they
-        # were. Inlined Counters.observe_allocation (the hot path: once per storing call).
-        counters.allocation_sizes[bisect_left(ALLOCATION_SIZE_BOUNDS, count)] += 1
-        counters.allocation_total += count
-        new_blocks = slots.allocate(count)
+        # Counted once eviction can no longer raise: a broken policy leaves the stats as they were.
+        self.counters.observe_allocation(count)
+        new_blocks = self._slots.allocate(count)
         self._policy.insert_many(to_store, new_blocks)
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
         if evicted and (hook := self.hooks.blocks_evicted) is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
-from ..concurrency import concurrent_use_error, entry_guarded, new_entry_token
+from ..concurrency import entry_guarded, new_entry_token
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import as_list, check_context
 from ..errors import ConfigError
@@ -47,7 +47,6 @@ __all__ = ["TieringOffloadingManager"]
 logger = logging.getLogger("kv_offload.tiering")
 
 _MISS = LookupResult.MISS
-_PENDING = LookupResult.PENDING
 
 
 class TieringOffloadingManager(OffloadingManager):
@@ -96,7 +95,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._errors = HookErrorLog()
         self._jobs = JobTable(self, primary, self.tiers, self._errors)
         self._scope = RequestScope(self.tiers, primary, self._jobs)
-        self._promotions = Promotions(primary, self._jobs, self._errors)
+        self._promotions = Promotions(primary, self.tiers, self._jobs, self._errors)
         self._closed = False
         self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
         self._own_plugins = [
@@ -157,6 +156,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     # -- lookups and promotions -----------------------------------------------------------
 
+    @entry_guarded
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """The CPU tier's answer; on a CPU miss, the first tier holding the key is asked to
         promote it (``PENDING`` until it lands, ``MISS`` if no CPU slot can be freed).
@@ -166,45 +166,14 @@ class TieringOffloadingManager(OffloadingManager):
         the engine asks again after its next step instead of recomputing the block. Only the
         tiers the request's ``load_tier_filter`` allows are asked.
         """
-        entry = self._entry
-        try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "lookup") from None
-        try:
-            try:
-                tier_filter = req_context.load_tier_filter
-            except AttributeError:  # not a ReqContext: the CPU tier's lookup says so
-                tier_filter = None
-            indices = self._scope.all_tiers
-            if tier_filter is not None:
-                indices = self._scope.allowed(tier_filter)  # raises before anything changed
-            result = self.primary.lookup(key, req_context)
-            if not self.tiers:
-                return result
-            if result is not _MISS:
-                self._promotions.note_found(req_context.req_id, key)
-                return result
-            ask_again = False
-            tiers = self.tiers
-            stats = self._jobs.stats
-            for index in indices:
-                stats[index].lookups += 1
-                try:
-                    held = tiers[index].lookup(key, req_context)
-                except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
-                    stats[index].lookup_errors += 1
-                    self._jobs.faults.report(
-                        tiers[index].name, "lookup", exc, "the key is a miss there"
-                    )
-                    continue
-                if held is True:
-                    return self._promotions.reserve(index, key, req_context)
-                if held is None:
-                    ask_again = True
-            return _PENDING if ask_again else _MISS
-        finally:
-            entry.append(True)
+        indices = self._scope.tiers_for(req_context)  # raises before anything changed
+        result = self.primary.lookup(key, req_context)
+        if not self.tiers:
+            return result
+        if result is not _MISS:
+            self._promotions.note_found(req_context.req_id, key)
+            return result
+        return self._promotions.ask_tiers(indices, key, req_context)
 
     @entry_guarded
     def on_schedule_end(self) -> None:

@@ -1,6 +1,7 @@
 """Promotions: a CPU miss that a secondary tier holds becomes a pending CPU store.
 
-The tiered manager's ``lookup`` finds the key in a tier; :meth:`Promotions.reserve` reserves a
+The tiered manager's ``lookup`` asks the tiers on a CPU miss (:meth:`Promotions.ask_tiers`);
+for a key a tier holds, :meth:`Promotions.reserve` reserves a
 CPU slot for it at once (a pending store in the CPU tier, so ``lookup`` answers ``PENDING`` and
 the slot cannot be evicted) and queues the load from the tier. Queued loads are submitted
 together at the end of the scheduler step (one job per tier and request), or when the request
@@ -16,7 +17,7 @@ from ..errors import KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog
 from ..types import LookupResult, ReqContext
-from .base import JobDirection
+from .base import JobDirection, SecondaryTierManager
 from .jobs import JobTable
 
 __all__ = ["Promotions"]
@@ -28,8 +29,15 @@ _PENDING = LookupResult.PENDING
 class Promotions:
     """Reserved CPU slots waiting for their tier load, and what each request found."""
 
-    def __init__(self, primary: CPUOffloadingManager, jobs: JobTable, errors: HookErrorLog) -> None:
+    def __init__(
+        self,
+        primary: CPUOffloadingManager,
+        tiers: list[SecondaryTierManager],
+        jobs: JobTable,
+        errors: HookErrorLog,
+    ) -> None:
         self._primary = primary
+        self._tiers = tiers
         self._jobs = jobs
         self._errors = errors
         # (tier index, req_id) -> (context, keys, slots) promotions waiting for the step end
@@ -39,6 +47,29 @@ class Promotions:
 
     def note_found(self, req_id: str, key: OffloadKey) -> None:
         self.found.setdefault(req_id, set()).add(key)
+
+    def ask_tiers(self, indices: tuple[int, ...], key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        """A CPU miss: the first of the tiers at ``indices`` that holds ``key`` promotes it
+        (:meth:`reserve`); ``PENDING`` if none does but one said "ask again" (``None``), else
+        ``MISS``. A tier whose ``lookup`` raises counts as a miss there."""
+        ask_again = False
+        tiers = self._tiers
+        stats = self._jobs.stats
+        for index in indices:
+            stats[index].lookups += 1
+            try:
+                held = tiers[index].lookup(key, ctx)
+            except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
+                stats[index].lookup_errors += 1
+                self._jobs.faults.report(
+                    tiers[index].name, "lookup", exc, "the key is a miss there"
+                )
+                continue
+            if held is True:
+                return self.reserve(index, key, ctx)
+            if held is None:
+                ask_again = True
+        return _PENDING if ask_again else _MISS
 
     def reserve(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         """Reserve a CPU slot for ``key``, held by tier ``index``, and queue its load:

@@ -96,6 +96,13 @@ class RequestScope:
                 keys, whole.parked = whole.parked, []
                 self.cascade_present(keys, whole)
 
+    def tiers_for(self, ctx: ReqContext) -> tuple[int, ...]:
+        """The positions of the tiers the request's lookups may ask, in order (all of them
+        without a ``load_tier_filter``; a context that is not a ``ReqContext`` is the CPU
+        tier's to refuse)."""
+        tier_filter = getattr(ctx, "load_tier_filter", None)
+        return self.all_tiers if tier_filter is None else self.allowed(tier_filter)
+
     def allowed(self, tier_filter: TierFilter) -> tuple[int, ...]:
         """The positions of the tiers ``tier_filter`` lets a lookup ask, in order."""
         found = self._allowed.get(tier_filter)
