@@ -21,7 +21,16 @@ from kv_offload import (
 )
 from kv_offload import config as config_module
 from kv_offload.config import DEFAULT_CONFIG
-from kv_offload.config_schema import HOOK_FIELDS, TOP_FIELDS, docs_table
+from kv_offload.config_schema import (
+    DOCS_PATH,
+    HOOK_FIELDS,
+    REGENERATE,
+    TOP_FIELDS,
+    docs_page,
+    docs_table,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # (id, TOML text, line the message must point at, fragments the message must contain)
 BAD_TOML: list[tuple[str, str, int, tuple[str, ...]]] = [
@@ -457,17 +466,24 @@ def test_public_api_exports() -> None:
         assert getattr(kv_offload, name) is not None
 
 
-def test_module_docstring_documents_every_key() -> None:
-    doc = config_module.__doc__ or ""
-    for key in (*config_module._TOP_KEYS, *config_module._HOOK_KEYS):
-        forms = (f"``{key}``", f"] {key}``", f"``[{key}]", f"``[[{key}]]")
-        assert any(form in doc for form in forms), key
+def test_configuration_docs_are_the_table_the_schema_renders() -> None:
+    """The key table is written from the field declarations; a key changed without
+    regenerating the page fails here with the command that does it."""
+    page = (ROOT / DOCS_PATH).read_text(encoding="utf-8")
+    assert page == docs_page(), (
+        f"{DOCS_PATH} differs from the config schema; from the repository root, run\n"
+        f"    {REGENERATE}"
+    )
 
 
-def test_docstring_table_is_the_one_the_schema_generates() -> None:
-    """The table is written from the field declarations; regenerate it with
-    ``python -m kv_offload.config_schema`` when a key changes."""
-    assert docs_table() in (config_module.__doc__ or ""), docs_table()
+def test_configuration_docs_name_every_key_the_parser_accepts() -> None:
+    # Keys the parser knows without a field (``[backpressure]``, the tables) need a row too.
+    table = docs_table()
+    for key in config_module._TOP_KEYS:
+        forms = (f"| `{key}`", f"| `[{key}]", f"| `[[{key}]]")
+        assert any(form in table for form in forms), key
+    for key in config_module._HOOK_KEYS:
+        assert f"| `[hooks] {key}`" in table, key
 
 
 def test_stackconfig_defaults_are_the_declared_ones() -> None:

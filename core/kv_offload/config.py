@@ -1,48 +1,8 @@
 """One config (a TOML file or a dict) that selects and builds the whole stack by name.
 
-Every key, its type and its default (a TOML file may set any subset); the keys are declared
-once, in :mod:`kv_offload.config_schema`, and this table is checked against it by a test:
-
-==========================  =========  ========  ==============================================
-key                         type       default   meaning
-==========================  =========  ========  ==============================================
-``num_blocks``              int > 0    20000     CPU tier size in blocks (or use ``cpu_bytes``)
-``cpu_bytes``               int > 0    unset     CPU tier size in bytes; needs
-                                                 ``block_size_bytes``; exclusive with
-                                                 ``num_blocks``
-``block_size_bytes``        int > 0    unset     bytes per block; gives the CPU tier a KV
-                                                 buffer; required when ``tiers`` is non-empty
-``policy``                  str        "lru"     eviction policy plugin name
-``policy_module_path``      str        unset     module defining the class named ``policy``
-                                                 (out-of-tree fallback)
-``allow_module_path``       bool       true      false forbids every ``module_path`` import
-``enable_events``           bool       false     record ``OffloadingEvent`` batches
-``store_threshold``         int >= 0   0         reuse filter: store a block in the CPU tier
-                                                 from its n-th offer on (below 2: off)
-``max_tracker_size``        int > 0    64000     reuse filter: keys whose offers are counted
-                                                 (least recently offered forgotten first)
-``drain_timeout_s``         float > 0  30.0      how long shutdown and drain wait for tier jobs
-                                                 to report
-``[hooks] autoload``        bool       true      load ``kv_offload.hooks`` entry points
-``[hooks] enable``          list[str]  []        only these hook plugins load (empty: all)
-``[hooks] block``           list[str]  []        these hook plugins never load
-``[hooks.<name>]``          table      unset     settings of hook plugin ``<name>``, checked by
-                                                 the plugin's ``parse_settings`` (see
-                                                 ``kv_offload.hooks``)
-``[[tiers]] type``          str        required  secondary tier plugin name, in cascade order
-``[[tiers]] name``          str        unset     what stats, events and hooks call the tier
-                                                 (default: the type); unique; unnamed repeats
-                                                 of a type are ``<position>:<type>`` (``1:fs``,
-                                                 ``2:fs``)
-``[[tiers]] module_path``   str        unset     module defining the class named ``type``
-``[[tiers]] locality``      str        unset     "local" or "remote" (tier filters, and the
-                                                 backpressure defaults)
-``[[tiers]] backpressure``  table      unset     the tier's backpressure (cascade gate); see
-                                                 ``kv_offload.tiering.cascade_gate``
-``[backpressure]``          table      unset     default of every tier's ``backpressure`` (a
-                                                 tier's own keys win, key by key)
-``[[tiers]] <other>``       any                  the tier's own constructor arguments
-==========================  =========  ========  ==============================================
+The keys are declared once, in :mod:`kv_offload.config_schema` (this module derives its known
+keys and defaults from there), and documented in ``docs/configuration.md``, a table generated
+from the same declarations so that the documentation cannot drift from the parser.
 
 Validation runs before anything is built and stops at the first problem, with a message that
 names the key (and, for a TOML file, the file and line); the :class:`~kv_offload.ConfigError`

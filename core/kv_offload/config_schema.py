@@ -1,8 +1,8 @@
 """Every config key, declared once: name, type, default, meaning and the rule its value obeys.
 
 Everything else about config keys is derived from :data:`TOP_FIELDS`, :data:`HOOK_FIELDS`
-and :data:`TIER_FIELDS`: the table in :mod:`kv_offload.config`'s docstring (a test compares it
-with :func:`docs_table`; ``python -m kv_offload.config_schema`` prints it), the known-key sets
+and :data:`TIER_FIELDS`: the key table in ``docs/configuration.md`` (:func:`docs_page`, which
+:func:`write_docs` writes there; a test compares the file with it), the known-key sets
 behind "unknown key; did you mean ...", the per-key checks, the defaults of
 :class:`~kv_offload.config.StackConfig` and what ``describe()`` (``kv-offload validate``)
 shows. Rules that relate two keys (``num_blocks`` or ``cpu_bytes``, tiers needing
@@ -11,9 +11,10 @@ shows. Rules that relate two keys (``num_blocks`` or ``cpu_bytes``, tiers needin
 
 from __future__ import annotations
 
-import textwrap
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 __all__ = [
@@ -24,7 +25,11 @@ __all__ = [
     "HOOK_FIELDS",
     "TIER_FIELDS",
     "TABLES",
+    "DOCS_PATH",
+    "REGENERATE",
     "docs_table",
+    "docs_page",
+    "write_docs",
 ]
 
 
@@ -107,6 +112,7 @@ class Field:
     ``default`` is the value an absent key takes (``None``: unset, :data:`REQUIRED`: must be
     given). ``shown`` is the section of ``describe()`` that reports it: ``"cpu"``, ``""`` for
     the top level, ``None`` for an input folded into another key (``cpu_bytes``).
+    ``description`` is Markdown: it is written as is into ``docs/configuration.md``.
     """
 
     name: str
@@ -127,21 +133,21 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
         "num_blocks",
         POSITIVE_INT,
         20000,
-        "CPU tier size in blocks (or use ``cpu_bytes``)",
+        "CPU tier size in blocks (or use `cpu_bytes`)",
         shown="cpu",
     ),
     Field(
         "cpu_bytes",
         POSITIVE_INT,
         None,
-        "CPU tier size in bytes; needs ``block_size_bytes``; exclusive with ``num_blocks``",
+        "CPU tier size in bytes; needs `block_size_bytes`; exclusive with `num_blocks`",
         shown=None,
     ),
     Field(
         "block_size_bytes",
         POSITIVE_INT,
         None,
-        "bytes per block; gives the CPU tier a KV buffer; required when ``tiers`` is non-empty",
+        "bytes per block; gives the CPU tier a KV buffer; required when `tiers` is non-empty",
         shown="cpu",
     ),
     Field("policy", NAME, "lru", "eviction policy plugin name", shown="cpu"),
@@ -149,16 +155,11 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
         "policy_module_path",
         NAME,
         None,
-        "module defining the class named ``policy`` (out-of-tree fallback)",
+        "module defining the class named `policy` (out-of-tree fallback)",
         shown="cpu",
     ),
-    Field(
-        "allow_module_path",
-        BOOLEAN,
-        True,
-        "false forbids every ``module_path`` import",
-    ),
-    Field("enable_events", BOOLEAN, False, "record ``OffloadingEvent`` batches", shown="cpu"),
+    Field("allow_module_path", BOOLEAN, True, "false forbids every `module_path` import"),
+    Field("enable_events", BOOLEAN, False, "record `OffloadingEvent` batches", shown="cpu"),
     Field(
         "store_threshold",
         NON_NEGATIVE_INT,
@@ -182,7 +183,7 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
 )
 
 HOOK_FIELDS: Final[tuple[Field, ...]] = (
-    Field("autoload", BOOLEAN, True, "load ``kv_offload.hooks`` entry points"),
+    Field("autoload", BOOLEAN, True, "load `kv_offload.hooks` entry points"),
     Field("enable", NAMES, (), "only these hook plugins load (empty: all)"),
     Field("block", NAMES, (), "these hook plugins never load"),
 )
@@ -194,9 +195,9 @@ TIER_FIELDS: Final[tuple[Field, ...]] = (
         NAME,
         None,
         "what stats, events and hooks call the tier (default: the type); unique; unnamed "
-        "repeats of a type are ``<position>:<type>`` (``1:fs``, ``2:fs``)",
+        "repeats of a type are `<position>:<type>` (`1:fs`, `2:fs`)",
     ),
-    Field("module_path", NAME, None, "module defining the class named ``type``"),
+    Field("module_path", NAME, None, "module defining the class named `type`"),
 )
 
 #: Top-level keys that hold tables: ``[hooks]`` (one table), ``[[tiers]]`` (a list of them).
@@ -204,62 +205,65 @@ TABLES: Final[dict[str, tuple[Field, ...]]] = {"hooks": HOOK_FIELDS, "tiers": TI
 
 #: Rows documenting keys no field declares: what plugins define for themselves.
 _HOOK_SETTINGS_ROW = (
-    "``[hooks.<name>]``",
+    "`[hooks.<name>]`",
     "table",
     "unset",
-    "settings of hook plugin ``<name>``, checked by the plugin's ``parse_settings`` (see "
-    "``kv_offload.hooks``)",
+    "settings of hook plugin `<name>`, checked by the plugin's `parse_settings` (see "
+    "`kv_offload.hooks`)",
 )
 #: Keys the tier factory handles for every tier (``kv_offload.tiering.factory``), and the
 #: top-level default of one of them.
 _CORE_TIER_ROWS = (
     (
-        "``[[tiers]] locality``",
+        "`[[tiers]] locality`",
         "str",
         "unset",
         '"local" or "remote" (tier filters, and the backpressure defaults)',
     ),
     (
-        "``[[tiers]] backpressure``",
+        "`[[tiers]] backpressure`",
         "table",
         "unset",
-        "the tier's backpressure (cascade gate); see ``kv_offload.tiering.cascade_gate``",
+        "the tier's backpressure (cascade gate); see `kv_offload.tiering.cascade_gate`",
     ),
     (
-        "``[backpressure]``",
+        "`[backpressure]`",
         "table",
         "unset",
-        "default of every tier's ``backpressure`` (a tier's own keys win, key by key)",
+        "default of every tier's `backpressure` (a tier's own keys win, key by key)",
     ),
 )
-_TIER_ARGUMENTS_ROW = ("``[[tiers]] <other>``", "any", "", "the tier's own constructor arguments")
+_TIER_ARGUMENTS_ROW = ("`[[tiers]] <other>`", "any", "", "the tier's own constructor arguments")
 
-_MEANING_WIDTH = 46
+#: Where the rendered page lives (from the repository root), and the command, run there, that
+#: rewrites it after a key changes; a test fails, quoting the command, until the two agree.
+DOCS_PATH: Final = "docs/configuration.md"
+REGENERATE: Final = "python -c 'from kv_offload.config_schema import write_docs; write_docs()'"
+
+_INTRO = (
+    "Every key a config (a TOML file or a dict, see the README's Configuration section) "
+    "accepts;\na TOML file may set any subset. Generated from the declarations in\n"
+    "`core/kv_offload/config_schema.py`; after changing a key, regenerate it with\n"
+    f"`{REGENERATE}`."
+)
 
 
 def _default_text(default: Any) -> str:
-    if default is REQUIRED:
-        return "required"
-    if default is None:
-        return "unset"
-    if isinstance(default, bool):
-        return "true" if default else "false"
-    if isinstance(default, str):
-        return f'"{default}"'
-    if isinstance(default, tuple):
-        return "[]" if not default else repr(list(default))
-    return str(default)
+    if default is REQUIRED or default is None:
+        return "required" if default is REQUIRED else "unset"
+    # TOML writes booleans, numbers, strings and lists of strings as JSON does.
+    return f"`{json.dumps(default)}`"
 
 
 def _rows() -> list[tuple[str, str, str, str]]:
     rows = [
-        (f"``{f.name}``", f.rule.type_text, _default_text(f.default), f.description)
+        (f"`{f.name}`", f.rule.type_text, _default_text(f.default), f.description)
         for f in TOP_FIELDS
     ]
     for table, fields in TABLES.items():
         header = f"[[{table}]]" if table == "tiers" else f"[{table}]"
         rows += [
-            (f"``{header} {f.name}``", f.rule.type_text, _default_text(f.default), f.description)
+            (f"`{header} {f.name}`", f.rule.type_text, _default_text(f.default), f.description)
             for f in fields
         ]
         if table == "hooks":
@@ -270,25 +274,24 @@ def _rows() -> list[tuple[str, str, str, str]]:
 
 
 def docs_table() -> str:
-    """The reStructuredText table of every key, as :mod:`kv_offload.config` documents it."""
-    rows = _rows()
-    header = ("key", "type", "default", "meaning")
-    widths = [max(len(row[i]) for row in [*rows, header]) for i in range(3)]
-    widths.append(_MEANING_WIDTH)
-    rule = "  ".join("=" * w for w in widths)
-    indent = " " * (sum(widths[:3]) + 6)
-
-    def line(cells: tuple[str, ...]) -> list[str]:
-        meaning = textwrap.wrap(cells[3], _MEANING_WIDTH) or [""]
-        first = "  ".join(c.ljust(w) for c, w in zip(cells[:3], widths)) + "  " + meaning[0]
-        return [first.rstrip()] + [indent + more for more in meaning[1:]]
-
-    out = [rule, *line(header), rule]
-    for row in rows:
-        out += line(row)
-    out.append(rule)
-    return "\n".join(out)
+    """The Markdown table of every key: key, type, default, meaning. The short columns are
+    padded so the file reads as a table too; the meaning, last and long, is not."""
+    rows = [("key", "type", "default", "meaning"), *_rows()]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [
+        "| " + " | ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[3]]) for row in rows
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|---")
+    return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(docs_table())
+def docs_page() -> str:
+    """The whole of :data:`DOCS_PATH`: a heading, where the table comes from, the table."""
+    return f"# Configuration keys\n\n{_INTRO}\n\n{docs_table()}\n"
+
+
+def write_docs(root: str | Path = ".") -> Path:
+    """Rewrite :data:`DOCS_PATH` under ``root`` (the repository root) from the declarations."""
+    path = Path(root) / DOCS_PATH
+    path.write_text(docs_page(), encoding="utf-8", newline="\n")
+    return path
