@@ -26,9 +26,7 @@ from .state import MEDIUM_CPU, CPUManagerState
 
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
-_HIT = LookupResult.HIT
-_MISS = LookupResult.MISS
-_PENDING = LookupResult.PENDING
+_HIT, _MISS, _PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
 
 
 def _empty_store() -> PrepareStoreOutput:
@@ -79,27 +77,24 @@ class CPUOffloadingManager(CPUManagerState):
     # -- lookups and loads ----------------------------------------------------------------
 
     def _blocks_of(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str
+        self,
+        keys: Collection[OffloadKey],
+        req_context: ReqContext,
+        operation: str,
+        distinct: bool = True,
     ) -> tuple[list[OffloadKey], list[BlockStatus | None]]:
         """The keys as a list, with each key's block (``None`` if absent); raises for a bad
-        context or an unhashable key before anything changes."""
+        context, an unhashable key or (``distinct``) a repeated key before anything changes."""
         if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, operation)
         key_list = keys if type(keys) is list else check.as_list(keys, operation)
         try:
-            return key_list, list(map(self._get, key_list))
+            blocks = list(map(self._get, key_list))
         except TypeError:
             raise check.bad_batch(key_list, operation) from None
-
-    def _unique_blocks_of(
-        self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str
-    ) -> tuple[list[OffloadKey], set[OffloadKey], list[BlockStatus | None]]:
-        """:meth:`_blocks_of` plus the keys as a set, raising for a repeated key."""
-        key_list, blocks = self._blocks_of(keys, req_context, operation)
-        key_set = set(key_list)  # hashable: every key was looked up
-        if len(key_set) != len(key_list):
+        if distinct and len(set(key_list)) != len(key_list):  # hashable: all were looked up
             raise check.bad_batch(key_list, operation)
-        return key_list, key_set, blocks
+        return key_list, blocks
 
     @entry_guarded
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -147,7 +142,7 @@ class CPUOffloadingManager(CPUManagerState):
 
         ``prepare_load`` is this plus a spec; a tiered manager pins blocks it cascades.
         """
-        key_list, _, blocks = self._unique_blocks_of(keys, req_context, operation)
+        key_list, blocks = self._blocks_of(keys, req_context, operation)
         pinned = self._slots.pin(blocks)
         if pinned is None:
             raise check.key_state_error(
@@ -171,7 +166,7 @@ class CPUOffloadingManager(CPUManagerState):
         self, keys: Collection[OffloadKey], req_context: ReqContext, operation: str = "unpin"
     ) -> int:
         """Release one reader of each block; returns how many keys were unpinned."""
-        key_list, _, blocks = self._unique_blocks_of(keys, req_context, operation)
+        key_list, blocks = self._blocks_of(keys, req_context, operation)
         unpinned = self._slots.unpin(blocks)
         if unpinned is None:
             pinner = "prepare_load" if operation == "complete_load" else "pin"
@@ -228,11 +223,14 @@ class CPUOffloadingManager(CPUManagerState):
         """
         if self._closed:
             raise check.closed_error("prepare_store")
-        key_list, key_set, blocks = self._unique_blocks_of(keys, req_context, "prepare_store")
-        if self._on_request_access is not None:
-            self._on_request_access(key_list, req_context)
+        key_list, blocks = self._blocks_of(keys, req_context, "prepare_store", distinct=False)
+        key_set = set(key_list)  # what eviction must spare, with ``protected``
+        if len(key_set) != len(key_list):
+            raise check.bad_batch(key_list, "prepare_store")
         if protected:
             key_set = check.protected_set(key_set, protected)
+        if self._on_request_access is not None:
+            self._on_request_access(key_list, req_context)
         to_store = without_block(key_list, blocks)
         if self.reuse_filter is not None and not bypass_reuse_filter:
             admitted = self.reuse_filter.offer(key_list, to_store)
@@ -277,7 +275,8 @@ class CPUOffloadingManager(CPUManagerState):
         """Make stored blocks loadable, or free their slots when ``success`` is false."""
         if type(success) is not bool:
             check.check_success(success)
-        key_list, blocks = self._blocks_of(keys, req_context, "complete_store")
+        # A repeated key is caught by the slot table (its block is pending only once).
+        key_list, blocks = self._blocks_of(keys, req_context, "complete_store", distinct=False)
         if not self._slots.finish_store(blocks, success):
             raise check.storable_error(key_list, self._slots.counts(blocks))
         if success:

@@ -54,17 +54,15 @@ class SlotTable:
         self._status_cls: type[BlockStatus] = bind_block_status(self.refs)
         self.free: list[BlockStatus] = []
         self.num_allocated = 0
+        #: never-used slots plus freed ones (kept, not computed: prepare_store reads it)
+        self.num_free = num_blocks
         self.num_evictable = 0
         self.num_pending = 0
         self.num_pinned = 0
 
     @property
-    def num_free(self) -> int:
-        return self.num_blocks - self.num_allocated + len(self.free)
-
-    @property
     def num_resident(self) -> int:
-        return self.num_allocated - len(self.free)
+        return self.num_blocks - self.num_free
 
     # -- questions ----------------------------------------------------------------------------
 
@@ -72,10 +70,6 @@ class SlotTable:
         """Each block's ref count, ``None`` for an absent block (for error messages)."""
         refs = self.refs
         return [None if block is None else refs[block] for block in blocks]
-
-    def all_idle(self, blocks: Blocks) -> bool:
-        """Every block readable and not pinned (raises for a non-slot, on purpose)."""
-        return not any(map(self.refs.__getitem__, blocks))
 
     # -- checked changes: each checks the whole batch first, then changes it or nothing -----
 
@@ -128,6 +122,7 @@ class SlotTable:
             self.num_evictable += count
         else:
             self.free.extend(blocks)
+            self.num_free += count
         return True
 
     # -- unchecked changes (the caller checked) ---------------------------------------------
@@ -135,6 +130,7 @@ class SlotTable:
     def release_idle(self, blocks: list[BlockStatus]) -> None:
         """Idle blocks go back to the free list (they were evicted)."""
         self.free.extend(blocks)
+        self.num_free += len(blocks)
         self.num_evictable -= len(blocks)
 
     def allocate(self, count: int) -> list[BlockStatus]:
@@ -154,6 +150,7 @@ class SlotTable:
             for block in reused:
                 refs[block] = PENDING_REF_CNT
         self.num_pending += count
+        self.num_free -= count
         if not fresh:  # the steady state of a full cache
             return reused
         start = self.num_allocated
@@ -166,6 +163,7 @@ class SlotTable:
         """Every slot unused again."""
         self.num_allocated = 0
         self.free.clear()
+        self.num_free = self.num_blocks
         self.num_evictable = 0
         self.num_pending = 0
         self.num_pinned = 0

@@ -211,7 +211,7 @@ def victims(
             blocks = [block for _, block in answer]
         kept = (
             len(keys) == expected == len(blocks)
-            and slots.all_idle(blocks)
+            and not any(map(slots.refs.__getitem__, blocks))  # idle (raises for a non-slot)
             and protected.isdisjoint(keys)
         )
     except (TypeError, ValueError, IndexError):
