@@ -15,6 +15,9 @@ worktree)::
 
 The ratio printed is the first interpreter's count over each one's (above 1: fewer
 instructions than the first). Needs ``valgrind``; each measurement takes about a minute.
+``--cache-sim`` also simulates the caches and the branch predictor and compares callgrind's
+cycle estimate instead (instructions + 10 per L1 miss and per mispredicted branch + 100 per
+last-level miss): a change that saves instructions but touches more memory shows there.
 Instructions are a proxy for time, not time: a change that trades instructions for memory
 stalls can move the two apart, so confirm a large effect with ``benchmarks/replay.py``.
 """
@@ -54,17 +57,36 @@ print(result.hit_blocks, result.blocks)
 """
 
 
+#: callgrind's summary lines read with ``--cache-sim``, and what each counts.
+SIMULATED = {
+    "I1": r"I1  misses:\s+([\d,]+)",
+    "D1": r"D1  misses:\s+([\d,]+)",
+    "LL": r"LL misses:\s+([\d,]+)",
+    "Bm": r"Mispredicts:\s+([\d,]+)",
+}
+
+
+def cycle_estimate(stats: dict[str, int]) -> int:
+    """callgrind's documented cycle estimate: an instruction each, 10 per L1 miss and per
+    mispredicted branch, 100 per last-level miss."""
+    misses = stats["I1"] + stats["D1"] + stats["Bm"]
+    return stats["Ir"] + 10 * misses + 100 * stats["LL"]
+
+
 def instructions(
-    python: str, trace: Path, policy: str, capacity: int, requests: int
-) -> tuple[int, str]:
-    """Instructions of one replay, and its ``hit_blocks blocks`` line (same in both runs)."""
-    counts = []
+    python: str, trace: Path, policy: str, capacity: int, requests: int, simulate: bool = False
+) -> tuple[dict[str, int], str]:
+    """Instructions of one replay (with ``simulate``, also its simulated cache misses and
+    mispredicted branches), and its ``hit_blocks blocks`` line (same in both runs)."""
+    runs = []
     answer = ""
     for repeat in (1, 2):
+        simulation = ["--cache-sim=yes", "--branch-sim=yes"] if simulate else []
         proc = subprocess.run(
             [
                 "valgrind",
                 "--tool=callgrind",
+                *simulation,
                 "--callgrind-out-file=/dev/null",
                 python,
                 "-c",
@@ -83,9 +105,15 @@ def instructions(
         found = re.search(r"Collected : (\d+)", proc.stderr)
         if proc.returncode != 0 or found is None:
             sys.exit(f"{python}: the measured replay failed:\n{proc.stderr[-2000:]}")
-        counts.append(int(found.group(1)))
+        stats = {"Ir": int(found.group(1))}
+        if simulate:
+            for name, pattern in SIMULATED.items():
+                line = re.search(pattern, proc.stderr)
+                stats[name] = int(line.group(1).replace(",", "")) if line else 0
+        runs.append(stats)
         answer = proc.stdout.strip()
-    return counts[1] - counts[0], answer
+    one, two = runs
+    return {name: two[name] - one[name] for name in one}, answer
 
 
 def main() -> None:
@@ -96,6 +124,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="first N requests")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="also simulate caches and branches (about 5x slower): the ratio is then of "
+        "callgrind's cycle estimate, which also charges L1, last-level and branch misses",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install -y valgrind)")
@@ -105,21 +139,28 @@ def main() -> None:
         for capacity in args.capacity or [5000]:
             first = None
             for python in pythons:
-                count, answer = instructions(python, args.trace, policy, capacity, args.requests)
-                first = count if first is None else first
+                stats, answer = instructions(
+                    python, args.trace, policy, capacity, args.requests, args.cache_sim
+                )
+                cost = cycle_estimate(stats) if args.cache_sim else stats["Ir"]
+                first = cost if first is None else first
                 rows.append(
                     {
                         "python": python,
                         "policy": policy,
                         "capacity": capacity,
-                        "instructions": count,
-                        "ratio_to_first": first / count,
+                        "instructions": stats["Ir"],
+                        **({"simulated": stats, "cycle_estimate": cost} if args.cache_sim else {}),
+                        "ratio_to_first": first / cost,
                         "hit_blocks blocks": answer,
                     }
                 )
                 if not args.json:
+                    shown = f"{stats['Ir'] / 1e6:10.1f}M"
+                    if args.cache_sim:
+                        shown += f"  cycle estimate {cost / 1e6:8.1f}M"
                     print(
-                        f"{policy:6} {capacity:>7} {count / 1e6:10.1f}M  x{first / count:.3f}  "
+                        f"{policy:6} {capacity:>7} {shown}  x{first / cost:.3f}  "
                         f"hits/blocks {answer}  {python}",
                         flush=True,
                     )
