@@ -402,7 +402,7 @@ def test_tombstones_never_outgrow_the_live_keys() -> None:
             h.store([k(100_000 + i)])
     live_t1 = len(h.policy.t1)
     queue = h.policy._t1
-    assert len(queue) - live_t1 <= live_t1 // 8 + key_queue.COMPACT_SLACK
+    assert len(queue) - live_t1 <= live_t1 // 4 + key_queue.COMPACT_SLACK
     check_invariants(h.policy)
 
 

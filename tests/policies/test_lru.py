@@ -110,7 +110,7 @@ def test_a_hot_key_touched_forever_keeps_the_queue_bounded() -> None:
     policy = filled(list(range(100)), Blocks(200))
     for _ in range(20_000):
         policy.touch([k(7)], CTX)
-    bound = len(policy) + len(policy) // 8 + key_queue.COMPACT_SLACK + 1
+    bound = len(policy) + len(policy) // 4 + key_queue.COMPACT_SLACK + 1
     assert len(policy._queue) <= bound
     assert order(policy)[-1] == k(7) and order(policy)[0] == k(0)
     check_invariants(policy)
