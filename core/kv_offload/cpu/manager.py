@@ -1,14 +1,11 @@
 """The CPU block manager: the request flow over the slot table and the eviction policy.
 
-It runs in the scheduler and never touches KV bytes: it decides which CPU slot holds which
-block, and when a slot may be read, written or reused. Slots and ref counts live in
-:class:`~kv_offload.cpu.slots.SlotTable`; which key holds which slot, and who is evicted, in
-the policy plugin (:class:`~kv_offload.CachePolicyFactory` resolves it by name).
-
-Every public method checks its whole input, then changes state: a call that raises a
-:class:`~kv_offload.ManagerError` leaves the manager as it was (no lost blocks, no leaked pins
-or slots). The checks are yes-or-no on the fast path; :mod:`~kv_offload.cpu.validation`
-builds the error on the slow path.
+It decides which CPU slot holds which block, and when a slot may be read, written or reused;
+it never touches KV bytes. Slots and ref counts live in :class:`~kv_offload.cpu.slots.SlotTable`,
+which key holds which slot (and who is evicted) in the policy plugin. Every public method
+checks its whole input, then changes state: a call that raises a
+:class:`~kv_offload.ManagerError` leaves the manager as it was. The checks are yes-or-no on the
+fast path; :mod:`~kv_offload.cpu.validation` builds the error on the slow path.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ..block_status import BlockStatus
-from ..concurrency import entry_guarded, unguarded
+from ..concurrency import concurrent_use_error, entry_guarded, unguarded
 from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
 from . import eviction
@@ -42,13 +39,12 @@ class CPUOffloadingManager(CPUManagerState):
     :attr:`event_log` for :meth:`take_events`. Construction, introspection and whole-cache
     operations are in :class:`~kv_offload.cpu.state.CPUManagerState`.
 
-    Single-threaded: drive it from the scheduler's thread. Each request-flow method (and
-    ``pin``/``unpin``, ``take_events``, ``reset_cache``, ``shutdown``) takes the entry guard
-    first (:func:`~kv_offload.concurrency.entry_guarded`), so a second thread, or a hook
-    calling back into the flow, gets :class:`~kv_offload.ConcurrentUseError` with nothing
-    changed. ``get_stats()``, ``ref_count()``, ``block_id()`` and the ``num_*`` properties are
-    lock-free reads, open to hooks and other threads. Share it between threads with
-    :func:`kv_offload.synchronized`.
+    Single-threaded: each request-flow method (and ``pin``/``unpin``, ``take_events``,
+    ``reset_cache``, ``shutdown``) takes the entry guard first
+    (:func:`~kv_offload.concurrency.entry_guarded`; ``lookup`` writes it out), so a second
+    thread, or a hook calling back into the flow, gets :class:`~kv_offload.ConcurrentUseError`
+    with nothing changed. ``get_stats()``, ``ref_count()``, ``block_id()`` and the ``num_*``
+    properties are lock-free reads. Share it between threads with :func:`kv_offload.synchronized`.
     """
 
     # -- request lifecycle ----------------------------------------------------------------
@@ -96,25 +92,34 @@ class CPUOffloadingManager(CPUManagerState):
             raise check.bad_batch(key_list, operation)
         return key_list, blocks
 
-    @entry_guarded
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is loadable now, ``PENDING`` if its store is in flight."""
-        if getattr(req_context, "req_id", None) is None:
-            check.check_context(req_context, "lookup")
+        # Called once per key, up to a dozen times a request: the guard is written out here,
+        # the lines entry_guarded wraps the other methods in, to save a wrapper frame per key.
+        entry = self._entry
         try:
-            block = self._get(key)
-        except TypeError:
-            raise check.bad_batch([key], "lookup") from None
-        if block is None:
-            if self._closed:  # the cache is empty after shutdown: only misses pay the check
-                raise check.closed_error("lookup")
-            self.counters.misses += 1
-            return _MISS
-        if self._refs[block] < 0:
-            self.counters.pending_lookups += 1
-            return _PENDING
-        self.counters.hits += 1
-        return _HIT
+            entry.pop()
+        except IndexError:
+            raise concurrent_use_error(self, "lookup") from None
+        try:
+            if getattr(req_context, "req_id", None) is None:
+                check.check_context(req_context, "lookup")
+            try:
+                block = self._get(key)
+            except TypeError:
+                raise check.bad_batch([key], "lookup") from None
+            if block is None:
+                if self._closed:  # the cache is empty after shutdown: only misses pay the check
+                    raise check.closed_error("lookup")
+                self.counters.misses += 1
+                return _MISS
+            if self._refs[block] < 0:
+                self.counters.pending_lookups += 1
+                return _PENDING
+            self.counters.hits += 1
+            return _HIT
+        finally:
+            entry.append(True)
 
     @entry_guarded
     def prepare_load(
@@ -145,13 +150,9 @@ class CPUOffloadingManager(CPUManagerState):
         key_list, blocks = self._blocks_of(keys, req_context, operation)
         pinned = self._slots.pin(blocks)
         if pinned is None:
-            raise check.key_state_error(
-                operation,
-                key_list,
-                self._slots.counts(blocks),
-                check.not_readable,
-                "load only keys that lookup() answered HIT",
-            )
+            fix = "load only keys that lookup() answered HIT"
+            counts = self._slots.counts(blocks)
+            raise check.key_state_error(operation, key_list, counts, check.not_readable, fix)
         if self._mark_non_evictable is not None:
             refs = self._refs
             for key, block in zip(key_list, pinned):
@@ -170,13 +171,9 @@ class CPUOffloadingManager(CPUManagerState):
         unpinned = self._slots.unpin(blocks)
         if unpinned is None:
             pinner = "prepare_load" if operation == "complete_load" else "pin"
-            raise check.key_state_error(
-                operation,
-                key_list,
-                self._slots.counts(blocks),
-                check.not_pinned,
-                f"call {operation} only for keys pinned by {pinner}",
-            )
+            fix = f"call {operation} only for keys pinned by {pinner}"
+            counts = self._slots.counts(blocks)
+            raise check.key_state_error(operation, key_list, counts, check.not_pinned, fix)
         if self._mark_evictable is not None:
             refs = self._refs
             for key, block in zip(key_list, unpinned):
