@@ -102,21 +102,24 @@ class CPUOffloadingManager(CPUManagerState):
         except IndexError:
             raise concurrent_use_error(self, "lookup") from None
         try:
-            if getattr(req_context, "req_id", None) is None:
-                check.check_context(req_context, "lookup")
-            try:
+            try:  # the context's req_id is read as an attribute here, not with getattr
+                req_id = req_context.req_id
                 block = self._get(key)
-            except TypeError:
+            except (AttributeError, TypeError):
+                check.check_context(req_context, "lookup")
                 raise check.bad_batch([key], "lookup") from None
+            if req_id is None:
+                check.check_context(req_context, "lookup")
+            counters = self.counters
             if block is None:
                 if self._closed:  # the cache is empty after shutdown: only misses pay the check
                     raise check.closed_error("lookup")
-                self.counters.misses += 1
+                counters.misses += 1
                 return _MISS
             if self._refs[block] < 0:
-                self.counters.pending_lookups += 1
+                counters.pending_lookups += 1
                 return _PENDING
-            self.counters.hits += 1
+            counters.hits += 1
             return _HIT
         finally:
             entry.append(True)

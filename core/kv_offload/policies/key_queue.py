@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator
 from itertools import filterfalse, islice, repeat
 from operator import add
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 __all__ = ["KeyQueue", "COMPACT_SLACK"]
 
@@ -41,7 +41,6 @@ COMPACT_SLACK = 256
 _CUT_SLACK = 1024
 
 K = TypeVar("K", bound=Hashable)
-_NO_TOMBSTONES: dict[Any, int] = {}  # what peek_front passed when it met none; never written
 
 
 class Membership(Protocol):
@@ -107,21 +106,26 @@ class KeyQueue(Generic[K]):
         stale.update(zip(keys, map(add, map(stale.get, keys, repeat(0)), repeat(1))))
         self._compact_if_sparse()
 
-    def peek_front(self, count: int) -> tuple[list[K], int, dict[K, int]]:
-        """The ``count`` oldest live keys (the caller knows there are that many), how many
-        entries lead up to the last of them, and how many tombstones of each key are among
-        those entries; nothing changes. :meth:`drop_front` takes the last two."""
+    def peek_front(self, count: int) -> list[K]:
+        """The ``count`` oldest live keys (the caller knows there are that many), which are
+        then the queue's first ``count`` entries: :meth:`drop_front` takes them.
+
+        Tombstones met on the way are dropped for good, but no key moves: the queue holds the
+        same live keys in the same order, so a caller that only peeks has changed nothing it
+        can see (peek, check, commit). The live keys are written back over the end of the
+        entries they were read from, a same-length slice assignment that moves nothing else.
+        """
         order = self.order
         head = self.head
         stale = self.stale
         front = order[head : head + count]
         if not stale or stale.keys().isdisjoint(front):
-            return front, count, _NO_TOMBSTONES
+            return front
+        # A key's tombstones precede its live entry, so from the front, each of its
+        # occurrences is a tombstone while ``stale`` still counts one.
         live: list[K] = []
         append = live.append
         get = stale.get
-        passed: dict[K, int] = {}
-        seen = passed.get
         entries = 0
         chunk = front
         while True:
@@ -129,43 +133,36 @@ class KeyQueue(Generic[K]):
                 dead = get(key)
                 if dead is None:
                     append(key)
+                elif dead == 1:
+                    del stale[key]
                 else:
-                    times = seen(key, 0)
-                    if times < dead:
-                        passed[key] = times + 1
-                    else:
-                        append(key)
+                    stale[key] = dead - 1
             entries += len(chunk)
             missing = count - len(live)
-            if not missing:  # the chunk was all live, so its last entry is the count-th
-                return live, entries, passed
+            if not missing:
+                break
             start = head + entries
             chunk = order[start : start + missing]
             if not chunk:
                 raise RuntimeError("key queue holds fewer live keys than its owner counts")
+        start = head + entries - count
+        order[start : head + entries] = live
+        self.head = start
+        return live
 
-    def drop_front(self, entries: int, tombstones: dict[K, int]) -> None:
-        """Remove the ``entries`` oldest entries, which hold ``tombstones`` (both as
-        :meth:`peek_front` counted them): the live ones leave, the tombstones are forgotten."""
-        head = self.head + entries
+    def drop_front(self, count: int) -> None:
+        """Remove the ``count`` oldest entries: the live keys :meth:`peek_front` returned."""
+        head = self.head + count
         if head > _CUT_SLACK and head > len(self.order) >> 2:
             del self.order[:head]
             head = 0
         self.head = head
-        if tombstones:
-            stale = self.stale
-            for key, times in tombstones.items():
-                left = stale[key] - times
-                if left:
-                    stale[key] = left
-                else:
-                    del stale[key]
 
     def pop_front(self, count: int) -> list[K]:
         """Remove and return the ``count`` oldest live keys (the caller knows there are that
         many), dropping the tombstones met on the way."""
-        live, entries, tombstones = self.peek_front(count)
-        self.drop_front(entries, tombstones)
+        live = self.peek_front(count)
+        self.drop_front(count)
         return live
 
     def __iter__(self) -> Iterator[K]:

@@ -48,10 +48,7 @@ class GhostList:
         """Forget the ``count`` oldest ghosts (at most as many as there are)."""
         count = min(count, len(self.keys))
         if count > 0:
-            queue = self._queue
-            oldest, entries, tombstones = queue.peek_front(count)
-            queue.drop_front(entries, tombstones)
-            self.keys.difference_update(oldest)
+            self.keys.difference_update(self._queue.pop_front(count))
 
     def clear(self) -> None:
         self.keys.clear()

@@ -223,7 +223,7 @@ class ARCCachePolicy(CachePolicy):
         from1, from2 = replace.split(n, len(resident) - len2, len2, self._p)
         # The common case: the oldest blocks of each list are idle and unprotected, checked
         # with C-level maps instead of a Python step per block.
-        keys1, entries1, tombstones1 = self._t1.peek_front(from1) if from1 else ([], 0, {})
+        keys1 = self._t1.peek_front(from1)
         blocks1 = list(map(resident.__getitem__, keys1))
         keys2: list[OffloadKey] = []
         blocks2: list[BlockStatus] = []
@@ -235,8 +235,7 @@ class ARCCachePolicy(CachePolicy):
             and protected.isdisjoint(keys1)
             and protected.isdisjoint(keys2)
         ):
-            if entries1:
-                self._t1.drop_front(entries1, tombstones1)
+            self._t1.drop_front(from1)
             for _ in range(from2):
                 t2.popitem(False)
             return self._commit(keys1, blocks1, keys2, blocks2)

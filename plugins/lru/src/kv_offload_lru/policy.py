@@ -77,10 +77,10 @@ class LRUCachePolicy(CachePolicy):
             return None
         queue = self._queue
         # The common case: the n oldest are idle and unprotected; checked with C-level maps.
-        front, entries, tombstones = queue.peek_front(n)
+        front = queue.peek_front(n)
         blocks = list(map(resident.__getitem__, front))
         if not BlockStatus.any_in_use(blocks) and protected.isdisjoint(front):
-            queue.drop_front(entries, tombstones)
+            queue.drop_front(n)
             for key in front:
                 del resident[key]
             return front, blocks
