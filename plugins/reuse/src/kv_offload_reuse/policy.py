@@ -262,9 +262,9 @@ class ReuseCachePolicy(CachePolicy):
         if keys:
             for mini in self._miniatures:
                 mini.request(keys, req_context)
-            best = max(self._miniatures, key=_score)
+            best = max(self._miniatures, key=_score)  # the miniatures are in MODES order
             if best.score > self._miniatures[MODES.index(self._mode)].score:
-                self._mode = best.policy._mode  # type: ignore[attr-defined]
+                self._mode = MODES[self._miniatures.index(best)]
 
     @property
     def mode(self) -> str:
