@@ -135,6 +135,12 @@ class OffloadingManager(ABC):
     def tier_stats(self) -> list[TierStats]:
         """One entry per secondary tier, in config order (empty without tiers)."""
 
+    def has_pending_work(self) -> bool:
+        """Whether work the manager started is still outstanding (tier jobs not yet reported,
+        promotions queued); a manager without secondary tiers never has any. A snapshot read:
+        no entry guard, like the stats reads."""
+        return False
+
     @abstractmethod
     def shutdown(self) -> None:
         """Release everything; later stores raise :class:`~kv_offload.ManagerError`."""

@@ -122,4 +122,5 @@ def test_build_manager_returns_the_interface(with_tiers: bool) -> None:
     assert isinstance(m, OffloadingManager)
     assert m.cpu_stats().capacity == 4
     assert [t.name for t in m.tier_stats()] == (["example"] if with_tiers else [])
+    assert m.has_pending_work() is False  # part of the interface: the CLI asks either manager
     m.shutdown()
