@@ -27,19 +27,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
+from replay_instructions import CHILD_ENV, DEFAULT_TRACE, READ_REQUESTS  # a sibling module
 
 #: Run by each measured interpreter: build the requests, replay ``repeat`` times, print the best.
-CHILD = """
-import gc, json, sys, time
-from kv_offload import CPUOffloadingManager, ReqContext, make_offload_key
-from kv_offload.replay import replay
-trace, policy, capacity, repeat = sys.argv[1:5]
-requests = []
-with open(trace) as lines:
-    for i, line in enumerate(lines):
-        keys = [make_offload_key(h) for h in dict.fromkeys(json.loads(line)["hash_ids"])]
-        requests.append((ReqContext(req_id=f"r{i}"), keys))
+CHILD = (
+    READ_REQUESTS
+    + """
+import gc, time
 best = None
 for _ in range(int(repeat)):
     manager = CPUOffloadingManager(int(capacity), cache_policy=policy)
@@ -50,18 +44,19 @@ for _ in range(int(repeat)):
     best = seconds if best is None else min(best, seconds)
 print(json.dumps({"seconds": best, "hit_blocks": result.hit_blocks, "blocks": result.blocks}))
 """
+)
 
 
 def replay_time(
-    python: str, trace: Path, policy: str, capacity: int, repeat: int
+    python: str, trace: Path, policy: str, capacity: int, requests: int, repeat: int
 ) -> dict[str, Any]:
-    """The best of ``repeat`` replays in a fresh ``python`` process."""
-    env = {**os.environ, "PYTHONHASHSEED": "0", "KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    """The best of ``repeat`` replays of the first ``requests`` (0: all) in a fresh ``python``
+    process."""
     proc = subprocess.run(
-        [python, "-c", CHILD, str(trace), policy, str(capacity), str(repeat)],
+        [python, "-c", CHILD, str(trace), policy, str(capacity), str(requests), str(repeat)],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, **CHILD_ENV},
         check=False,
     )
     if proc.returncode != 0:
@@ -77,6 +72,7 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, action="append")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="replays per process (best kept)")
+    parser.add_argument("--requests", type=int, default=0, help="first N requests (0: all)")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args()
@@ -89,7 +85,9 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = pythons if round_ % 2 == 0 else pythons[::-1]
                 for python in order:
-                    run = replay_time(python, args.trace, policy, capacity, args.repeat)
+                    run = replay_time(
+                        python, args.trace, policy, capacity, args.requests, args.repeat
+                    )
                     times[python].append(run["seconds"])
                     hits[python] = run["hit_blocks"]
             base = times[pythons[0]]

@@ -35,8 +35,14 @@ from pathlib import Path
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
 
-#: Run by each measured interpreter: build the requests, then replay ``repeat`` times.
-CHILD = """
+#: The measured processes' environment: hash randomisation pinned, no hook plugins autoloaded.
+CHILD_ENV = {"PYTHONHASHSEED": "0", "KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+#: How a measured process builds its requests (shared with ``replay_builds.py``): the trace's
+#: first ``limit`` requests (0: all), read by this code and not by ``kv_offload.trace``, so that
+#: every build replays the same requests whatever its own trace reader does. Its arguments are
+#: ``trace policy capacity limit repeat``; the rest of the program replays ``requests``.
+READ_REQUESTS = """
 import json, sys
 from kv_offload import CPUOffloadingManager, ReqContext, make_offload_key
 from kv_offload.replay import replay
@@ -44,17 +50,24 @@ trace, policy, capacity, limit, repeat = sys.argv[1:6]
 requests = []
 with open(trace) as lines:
     for i, line in enumerate(lines):
-        if i >= int(limit):
+        if int(limit) and i >= int(limit):
             break
         ids = json.loads(line)["hash_ids"]
         keys = [make_offload_key(h) for h in dict.fromkeys(ids)]
         requests.append((ReqContext(req_id=f"r{i}"), keys))
+"""
+
+#: Run by each measured interpreter: build the requests, then replay ``repeat`` times.
+CHILD = (
+    READ_REQUESTS
+    + """
 for _ in range(int(repeat)):
     manager = CPUOffloadingManager(int(capacity), cache_policy=policy)
     result = replay(manager, requests)
     manager.shutdown()
 print(result.hit_blocks, result.blocks)
 """
+)
 
 
 #: callgrind's summary lines read with ``--cache-sim``, and what each counts.
@@ -99,7 +112,7 @@ def instructions(
             ],
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONHASHSEED": "0", "KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD": "1"},
+            env={**os.environ, **CHILD_ENV},
             check=False,
         )
         found = re.search(r"Collected : (\d+)", proc.stderr)
