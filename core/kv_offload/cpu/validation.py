@@ -20,6 +20,7 @@ from ..errors import (
     PluginError,
 )
 from ..keys import OffloadKey
+from ..policies.base import split_pairs
 from .slots import SlotTable
 
 __all__ = [
@@ -204,11 +205,7 @@ def victims(
     bytes overwritten while in use, so the contract is checked, not trusted.
     """
     try:
-        if split:
-            keys, blocks = answer
-        else:
-            keys = [key for key, _ in answer]
-            blocks = [block for _, block in answer]
+        keys, blocks = answer if split else split_pairs(answer)
         kept = (
             len(keys) == expected == len(blocks)
             and not any(map(slots.refs.__getitem__, blocks))  # idle (raises for a non-slot)

@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..keys import OffloadKey
 from ..types import ReqContext
 
-__all__ = ["CachePolicy", "splits_victims"]
+__all__ = ["CachePolicy", "split_pairs", "splits_victims"]
 
 
 class CachePolicy(ABC):
@@ -101,9 +101,7 @@ class CachePolicy(ABC):
         default splits :meth:`evict`'s pairs.
         """
         victims = self.evict(n, protected)
-        if victims is None:
-            return None
-        return [key for key, _ in victims], [block for _, block in victims]
+        return None if victims is None else split_pairs(victims)
 
     @abstractmethod
     def clear(self) -> None:
@@ -142,6 +140,14 @@ class CachePolicy(ABC):
 
     def on_request_finished(self, req_context: ReqContext) -> None:  # noqa: B027
         """A request ended; drop any per-request state."""
+
+
+def split_pairs(
+    victims: Iterable[tuple[OffloadKey, BlockStatus]],
+) -> tuple[list[OffloadKey], list[BlockStatus]]:
+    """:meth:`~CachePolicy.evict`'s ``(key, block)`` pairs as :meth:`~CachePolicy.evict_split`'s
+    two lists (raises ``TypeError`` or ``ValueError`` for anything that is not pairs)."""
+    return [key for key, _ in victims], [block for _, block in victims]
 
 
 def splits_victims(policy_cls: type[CachePolicy]) -> bool:

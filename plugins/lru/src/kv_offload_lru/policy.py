@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
+from kv_offload.policies.base import split_pairs
 from kv_offload.policies.key_queue import KeyQueue
 
 __all__ = ["LRUCachePolicy"]
@@ -98,11 +99,11 @@ class LRUCachePolicy(CachePolicy):
         if len(victims) < n:
             return None
         # The generator is abandoned here, before anything it iterates over changes.
-        keys = [key for key, _ in victims]
+        keys, blocks = split_pairs(victims)
         for key in keys:
             del resident[key]
         self._queue.forget_many(keys)  # after they left _blocks, which says who is live
-        return keys, [block for _, block in victims]
+        return keys, blocks
 
     def clear(self) -> None:
         self._blocks.clear()
