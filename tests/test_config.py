@@ -425,6 +425,9 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
         "hooks": {"autoload": False, "enable": [], "block": []},
         "allow_module_path": False,
         "drain_timeout_s": 30.0,
+        "promotion_timeout_s": 10.0,
+        "promotion_backoff_s": 1.0,
+        "promotion_max_failures": 3,
     }
     manager = build_manager(path)
     try:

@@ -19,6 +19,7 @@ from .tiering import (
     TieringOffloadingManager,
 )
 from .tiering.names import tier_names
+from .tiering.promotion_limits import PromotionLimits
 
 __all__ = ["build_manager"]
 
@@ -88,4 +89,9 @@ def _build(
             built.shutdown()
         primary.shutdown()
         raise
-    return TieringOffloadingManager(primary, tiers, drain_timeout=stack.drain_timeout_s)
+    limits = PromotionLimits(
+        stack.promotion_timeout_s, stack.promotion_backoff_s, stack.promotion_max_failures
+    )
+    return TieringOffloadingManager(
+        primary, tiers, drain_timeout=stack.drain_timeout_s, promotion_limits=limits
+    )

@@ -99,6 +99,9 @@ class StackConfig:
     store_threshold: int = _TOP["store_threshold"].default
     max_tracker_size: int = _TOP["max_tracker_size"].default
     drain_timeout_s: float = _TOP["drain_timeout_s"].default
+    promotion_timeout_s: float = _TOP["promotion_timeout_s"].default
+    promotion_backoff_s: float = _TOP["promotion_backoff_s"].default
+    promotion_max_failures: int = _TOP["promotion_max_failures"].default
     hooks: HooksConfig = field(default_factory=HooksConfig)
     tiers: tuple[TierConfig, ...] = ()
     source: str = "<dict>"

@@ -180,6 +180,27 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
         30.0,
         "how long shutdown and drain wait for tier jobs to report",
     ),
+    Field(
+        "promotion_timeout_s",
+        POSITIVE_SECONDS,
+        10.0,
+        'a lookup answered `PENDING` (a promotion, or a tier\'s "ask again") becomes `MISS` '
+        "after this long, whatever the tier does",
+    ),
+    Field(
+        "promotion_backoff_s",
+        POSITIVE_SECONDS,
+        1.0,
+        "after a failed promotion, the tier is not asked about the key for this long "
+        "(doubling with each failure in a row)",
+    ),
+    Field(
+        "promotion_max_failures",
+        POSITIVE_INT,
+        3,
+        "failed promotions of a key in a row after which its tier is not asked about it "
+        "until the key is stored to it again",
+    ),
 )
 
 HOOK_FIELDS: Final[tuple[Field, ...]] = (

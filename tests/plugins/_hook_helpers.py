@@ -22,6 +22,7 @@ from kv_offload import (
 )
 from kv_offload.tiering.backpressure import DropAll
 from kv_offload.tiering.cascade_gate import CascadeGate
+from kv_offload.tiering.promotion_limits import PromotionLimits
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -101,7 +102,9 @@ def make_tiered(
     assert primary.kv_buffer is not None
     config = OffloadingConfig(num_blocks, BLOCK)
     tiers = [tier_cls(config, primary.kv_buffer.view, name, **tier_kwargs) for name in names]
-    return TieringOffloadingManager(primary, tiers, drain_timeout=5.0)
+    # The scripts retry a failed promotion on the next lookup: no backoff to wait out.
+    limits = PromotionLimits(backoff=1e-9)
+    return TieringOffloadingManager(primary, tiers, drain_timeout=5.0, promotion_limits=limits)
 
 
 def store(manager: Any, ctx: ReqContext, *nums: int) -> list[OffloadKey]:

@@ -75,11 +75,17 @@ class JobMetadata:
 class JobResult:
     """The outcome of one job; ``success=False`` releases its pins and reservations.
     ``reason`` says why a job failed (for logs and the ``kv_offload_tier_job_finished`` hook),
-    e.g. ``"checksum mismatch"`` or ``"ENOSPC: No space left on device"``."""
+    e.g. ``"checksum mismatch"`` or ``"ENOSPC: No space left on device"``.
+
+    ``failed_keys`` reports a job that partly succeeded: with ``success=True``, the keys
+    listed failed and every other key of the job succeeded (a tier spread over several
+    nodes, one of them down, fails only the keys that node holds). Keys not in the job are
+    ignored; with ``success=False`` every key failed, whatever the field holds."""
 
     job_id: JobId
     success: bool
     reason: str | None = None
+    failed_keys: frozenset[OffloadKey] = frozenset()
 
 
 class SecondaryTierManager(ABC):

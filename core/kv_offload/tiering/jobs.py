@@ -20,13 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cpu import CPUOffloadingManager
-from ..errors import ManagerError
+from ..errors import ManagerError, PluginError
 from ..events import EventLog
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog
 from ..types import ReqContext
 from .base import JobDirection, JobMetadata, JobResult, SecondaryTierManager
 from .faults import FaultReporter
+from .promotion_limits import PromotionLimits
 from .stats import TierStats
 
 __all__ = ["JobTable"]
@@ -51,6 +52,7 @@ class JobTable:
         primary: CPUOffloadingManager,
         tiers: Sequence[SecondaryTierManager],
         errors: HookErrorLog,
+        limits: PromotionLimits | None = None,
     ) -> None:
         self._owner = owner  # the manager hooks name as ``manager``
         self._primary = primary
@@ -65,6 +67,8 @@ class JobTable:
         #: Keys whose promotion is queued or in flight.
         self.promoting: set[OffloadKey] = set()
         self.faults = FaultReporter()
+        #: The bound on PENDING answers: promotion deadlines and failure backoff.
+        self.limits = limits if limits is not None else PromotionLimits()
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -145,8 +149,9 @@ class JobTable:
         for tier in self._tiers:
             try:
                 results = list(tier.get_finished())
-            except Exception:
-                logger.exception("tier %r raised from get_finished(); will poll again", tier.name)
+            except Exception as exc:  # raising, or not an iterable of results
+                self.stats[self._tiers.index(tier)].contract_errors += 1
+                self.faults.report(tier.name, "get_finished", exc, "it is polled again")
                 continue
             for result in results:
                 self._finish(result, tier)
@@ -168,7 +173,21 @@ class JobTable:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    def _finish(self, result: JobResult, tier: SecondaryTierManager) -> None:
+    def _finish(self, result: object, tier: SecondaryTierManager) -> None:
+        if not isinstance(result, JobResult):
+            self.stats[self._tiers.index(tier)].contract_errors += 1
+            self.faults.report(
+                tier.name,
+                "get_finished",
+                PluginError(
+                    f"get_finished() yielded {type(result).__name__} {result!r:.60}, not a "
+                    f"JobResult; a tier must yield JobResult(job_id, success)",
+                    kind="tier",
+                    plugin=tier.name,
+                ),
+                "the item is ignored (its job stays in flight until it is reported)",
+            )
+            return
         job = self._jobs.get(result.job_id)
         if job is None or self._tiers[job.tier] is not tier:
             logger.warning(
@@ -180,49 +199,58 @@ class JobTable:
         del self._jobs[result.job_id]
         meta = job.meta
         keys = meta.keys
+        if not result.success:
+            good, failed = [], keys
+        elif result.failed_keys:
+            failed_set = result.failed_keys
+            good = [k for k in keys if k not in failed_set]
+            failed = [k for k in keys if k in failed_set]
+        else:
+            good, failed = keys, []
         stats = self.stats[job.tier]
-        nbytes = len(keys) * self._block_size if result.success else 0
+        nbytes = len(good) * self._block_size
         hooks = self._primary.hooks
         errors = self._errors
+        ctx = meta.req_context
         if meta.direction is JobDirection.LOAD:
             self.promoting.difference_update(keys)
-            errors.call(self._primary.complete_store, keys, meta.req_context, result.success)
-            if result.success:
-                stats.promoted_blocks += len(keys)
-                stats.bytes_read += nbytes
-            else:
-                stats.failed_promotions += len(keys)
-            event_hook = hooks.blocks_loaded if result.success else None
+            self.limits.ended(job.tier, keys, failed)
+            if good:
+                errors.call(self._primary.complete_store, good, ctx, True)
+            if failed:
+                errors.call(self._primary.complete_store, failed, ctx, False)
+            stats.promoted_blocks += len(good)
+            stats.bytes_read += nbytes
+            stats.failed_promotions += len(failed)
+            done_hook, failed_hook = hooks.blocks_loaded, None
         else:
-            self._primary.unpin(keys, meta.req_context, "cascade")
+            self._primary.unpin(keys, ctx, "cascade")
             gate = self.gates[job.tier]
             if gate is not None:
-                gate.finished(result.success, time.monotonic() - job.started, nbytes)
-            if result.success:
-                stats.cascaded_blocks += len(keys)
-                stats.bytes_written += nbytes
+                gate.finished(not failed, time.monotonic() - job.started, nbytes)
+            stats.cascaded_blocks += len(good)
+            stats.bytes_written += nbytes
+            stats.failed_cascades += len(failed)
+            if good:
+                self.limits.stored(job.tier, good)
                 log: EventLog | None = self._primary.event_log
                 if log is not None:
-                    log.record(list(keys), tier.name, False)
-            else:
-                stats.failed_cascades += len(keys)
-            event_hook = hooks.blocks_stored if result.success else hooks.store_failed
+                    log.record(list(good), tier.name, False)
+            done_hook, failed_hook = hooks.blocks_stored, hooks.store_failed
         errors.fire(
             hooks.tier_job_finished,
             manager=self._owner,
             tier=tier.name,
             direction=meta.direction.value,
             keys=list(keys),
-            success=result.success,
+            success=not failed,
             nbytes=nbytes,
-            req_context=meta.req_context,
+            req_context=ctx,
             seconds=time.perf_counter() - job.submitted,
             reason=result.reason,
         )
-        errors.fire(
-            event_hook,
-            manager=self._owner,
-            keys=list(keys),
-            medium=tier.name,
-            req_context=meta.req_context,
-        )
+        for hook, group in ((done_hook, good), (failed_hook, failed)):
+            if hook is not None and group:
+                errors.fire(
+                    hook, manager=self._owner, keys=list(group), medium=tier.name, req_context=ctx
+                )

@@ -38,6 +38,7 @@ from ..types import (
 from .base import SecondaryTierManager
 from .cascade_gate import build_gate
 from .jobs import JobTable
+from .promotion_limits import PromotionLimits
 from .promotions import Promotions
 from .request_scope import RequestScope
 from .stats import TieringStats, TierStats
@@ -47,6 +48,7 @@ __all__ = ["TieringOffloadingManager"]
 logger = logging.getLogger("kv_offload.tiering")
 
 _MISS = LookupResult.MISS
+_PENDING = LookupResult.PENDING
 
 
 class TieringOffloadingManager(OffloadingManager):
@@ -54,6 +56,8 @@ class TieringOffloadingManager(OffloadingManager):
 
     ``backpressure`` is the default ``backpressure`` table of tiers that have no cascade gate
     of their own (a config's global ``[backpressure]``); ``None`` leaves them ungated.
+    ``promotion_limits`` bounds every ``PENDING`` answer (promotion deadline, failure backoff:
+    :mod:`kv_offload.tiering.promotion_limits`); ``None`` takes the defaults.
 
     Single-threaded like its CPU tier: every request-flow method, ``drain``, ``take_events``,
     ``reset_cache`` and ``shutdown`` take the entry guard of :mod:`kv_offload.concurrency`
@@ -73,6 +77,7 @@ class TieringOffloadingManager(OffloadingManager):
         *,
         drain_timeout: float = 30.0,
         backpressure: Mapping[str, Any] | None = None,
+        promotion_limits: PromotionLimits | None = None,
     ) -> None:
         if primary.kv_buffer is None:
             raise ConfigError(
@@ -93,7 +98,7 @@ class TieringOffloadingManager(OffloadingManager):
                     locality = tier.locality or Locality.LOCAL
                     tier.cascade_gate = build_gate(backpressure, tier.name, locality)
         self._errors = HookErrorLog()
-        self._jobs = JobTable(self, primary, self.tiers, self._errors)
+        self._jobs = JobTable(self, primary, self.tiers, self._errors, promotion_limits)
         self._scope = RequestScope(self.tiers, primary, self._jobs)
         self._promotions = Promotions(primary, self.tiers, self._jobs, self._errors)
         self._closed = False
@@ -171,6 +176,8 @@ class TieringOffloadingManager(OffloadingManager):
         if not self.tiers:
             return result
         if result is not _MISS:
+            if result is _PENDING and self._promotions.expired(key):
+                return _MISS  # a promotion past its deadline (tiering/promotion_limits.py)
             self._promotions.note_found(req_context.req_id, key)
             return result
         return self._promotions.ask_tiers(indices, key, req_context)
@@ -249,6 +256,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._jobs.drain(self.drain_timeout)
         self._errors.call(self.primary.reset_cache)
         self._jobs.promoting.clear()
+        self._jobs.limits.clear()
         for whole in self._scope.whole.values():
             whole.parked.clear()
         self._jobs.reset_stats()

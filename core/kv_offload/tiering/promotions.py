@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import short
-from ..errors import KeyStateError
+from ..errors import KeyStateError, ManagerError, PluginError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog
 from ..types import LookupResult, ReqContext
@@ -51,11 +51,18 @@ class Promotions:
     def ask_tiers(self, indices: tuple[int, ...], key: OffloadKey, ctx: ReqContext) -> LookupResult:
         """A CPU miss: the first of the tiers at ``indices`` that holds ``key`` promotes it
         (:meth:`reserve`); ``PENDING`` if none does but one said "ask again" (``None``), else
-        ``MISS``. A tier whose ``lookup`` raises counts as a miss there."""
+        ``MISS``. A tier whose ``lookup`` raises or answers something other than True, False
+        or None counts as a miss there; so does a tier backing off from the key after a
+        failed promotion, or one that said "ask again" for longer than the promotion timeout
+        (:mod:`kv_offload.tiering.promotion_limits`)."""
         ask_again = False
         tiers = self._tiers
         stats = self._jobs.stats
+        limits = self._jobs.limits
         for index in indices:
+            if not limits.may_ask(index, key):
+                stats[index].backed_off_lookups += 1
+                continue
             stats[index].lookups += 1
             try:
                 held = tiers[index].lookup(key, ctx)
@@ -66,10 +73,50 @@ class Promotions:
                 )
                 continue
             if held is True:
+                limits.answered(ctx.req_id, key)
                 return self.reserve(index, key, ctx)
             if held is None:
-                ask_again = True
-        return _PENDING if ask_again else _MISS
+                if limits.asked_again(ctx.req_id, key):
+                    ask_again = True
+                else:
+                    stats[index].ask_again_timeouts += 1
+            elif held is not False:
+                stats[index].contract_errors += 1
+                self._jobs.faults.report(
+                    tiers[index].name,
+                    "lookup",
+                    PluginError(
+                        f"lookup() returned {type(held).__name__} {held!r:.40}; a tier's "
+                        f"lookup must return True, False or None",
+                        kind="tier",
+                        plugin=tiers[index].name,
+                    ),
+                    "the key is a miss there",
+                )
+        if not ask_again:
+            limits.answered(ctx.req_id, key)
+            return _MISS
+        return _PENDING
+
+    def expired(self, key: OffloadKey) -> bool:
+        """Whether ``key``, answered ``PENDING`` by the CPU tier, is a promotion past its
+        deadline (then the lookup answers ``MISS``; the slot waits for the job)."""
+        jobs = self._jobs
+        if key not in jobs.promoting:
+            return False
+        limits = jobs.limits
+        index = limits.newly_expired(key)
+        if index is not None:
+            jobs.stats[index].expired_promotions += 1
+            jobs.faults.report(
+                self._tiers[index].name,
+                "promotion",
+                ManagerError(
+                    f"a promotion did not land within {limits.timeout:g} s (promotion_timeout_s)"
+                ),
+                "the key is answered MISS; its CPU slot stays reserved until the job reports",
+            )
+        return key in limits.expired
 
     def reserve(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
         """Reserve a CPU slot for ``key``, held by tier ``index``, and queue its load:
@@ -87,6 +134,7 @@ class Promotions:
             self._jobs.stats[index].refused_promotions += 1
             return _MISS
         self._jobs.promoting.add(key)
+        self._jobs.limits.reserved(index, key)
         _, keys, slots = self.queued.setdefault((index, ctx.req_id), (ctx, [], []))
         keys.append(key)
         slots.append(int(out.store_spec.block_ids[0]))
@@ -117,6 +165,7 @@ class Promotions:
         """The request finished: its queued loads go out, its found keys are unprotected."""
         self.submit(req_id)
         self.found.pop(req_id, None)
+        self._jobs.limits.request_finished(req_id)
 
     def cancel(self) -> None:
         """Drop every queued load (never submitted): their CPU stores fail, slots free."""

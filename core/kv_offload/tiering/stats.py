@@ -36,6 +36,16 @@ class TierStats:
     peak_cascades_in_flight: int = 0
     #: The gate's detector figures (e.g. ``store_s_per_mib``); empty without a gate.
     backpressure: dict[str, float] = field(default_factory=dict)
+    #: Calls where the tier broke its contract without raising (a ``lookup`` answer that is
+    #: not True/False/None, a ``get_finished`` item that is not a ``JobResult``).
+    contract_errors: int = 0
+    #: Promotions from this tier past their deadline (answered MISS; see
+    #: :mod:`kv_offload.tiering.promotion_limits`), and lookups of keys not asked of this
+    #: tier because an earlier promotion of the key from it failed (backoff).
+    expired_promotions: int = 0
+    backed_off_lookups: int = 0
+    #: "Ask again" (``None``) answers taken as a miss after the promotion timeout.
+    ask_again_timeouts: int = 0
 
 
 @dataclass(frozen=True)
