@@ -21,6 +21,9 @@ from . import validation as check
 from .slots import without_block
 from .state import MEDIUM_CPU, CPUManagerState
 
+#: The one key type a stored block may have (tiers write keys as bytes).
+_BYTES_ONLY = {bytes}
+
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
 _HIT, _MISS, _PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -55,6 +58,8 @@ class CPUOffloadingManager(CPUManagerState):
             raise check.closed_error("on_new_request")
         if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, "on_new_request")
+        if not self.fronts_tiers and getattr(req_context, "load_tier_filter", None) is not None:
+            check.no_tier_to_filter(req_context.load_tier_filter)
         if (hook := self.hooks.request_started) is not None:
             hook(manager=self, req_context=req_context)
 
@@ -155,6 +160,8 @@ class CPUOffloadingManager(CPUManagerState):
         if pinned is None:
             fix = "load only keys that lookup() answered HIT"
             counts = self._slots.counts(blocks)
+            if self._closed:
+                raise check.closed_error(operation)
             raise check.key_state_error(operation, key_list, counts, check.not_readable, fix)
         if self._mark_non_evictable is not None:
             refs = self._refs
@@ -176,6 +183,8 @@ class CPUOffloadingManager(CPUManagerState):
             pinner = "prepare_load" if operation == "complete_load" else "pin"
             fix = f"call {operation} only for keys pinned by {pinner}"
             counts = self._slots.counts(blocks)
+            if self._closed:
+                raise check.closed_error(operation)
             raise check.key_state_error(operation, key_list, counts, check.not_pinned, fix)
         if self._mark_evictable is not None:
             refs = self._refs
@@ -227,6 +236,8 @@ class CPUOffloadingManager(CPUManagerState):
         key_set = set(key_list)  # what eviction must spare, with ``protected``
         if len(key_set) != len(key_list):
             raise check.bad_batch(key_list, "prepare_store")
+        if key_list and set(map(type, key_list)) != _BYTES_ONLY:  # keys enter the cache here
+            raise check.not_bytes(key_list, "prepare_store")
         if protected:
             key_set = check.protected_set(key_set, protected)
         if self._on_request_access is not None:
@@ -278,6 +289,8 @@ class CPUOffloadingManager(CPUManagerState):
         # A repeated key is caught by the slot table (its block is pending only once).
         key_list, blocks = self._blocks_of(keys, req_context, "complete_store", distinct=False)
         if not self._slots.finish_store(blocks, success):
+            if self._closed:
+                raise check.closed_error("complete_store")
             raise check.storable_error(key_list, self._slots.counts(blocks))
         if success:
             self.counters.stored += len(key_list)

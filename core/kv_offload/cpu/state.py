@@ -198,6 +198,9 @@ class CPUManagerState(OffloadingManager):
         #: The stack's ordered event log (``None`` unless ``enable_events``).
         self.event_log: EventLog | None = EventLog() if enable_events else None
         self._closed = False
+        #: Set by a tiered manager built over this CPU tier: request tier filters are then
+        #: that manager's to check (a CPU-only manager refuses a filter naming tiers).
+        self.fronts_tiers = False
         self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
         self.counters = Counters()
         self._errors = HookErrorLog()

@@ -115,6 +115,34 @@ def malformed_keys(key_list: Sequence[Any], operation: str) -> InvalidArgumentEr
     return None
 
 
+def not_bytes(key_list: Sequence[Any], operation: str) -> InvalidKeyError:
+    """The error for a batch holding a key that is not ``bytes``: checked where keys enter
+    the cache, so a bad key never reaches a tier job (where it would fail its neighbours)."""
+    bad = next(k for k in key_list if type(k) is not bytes)
+    return InvalidKeyError(
+        f"{operation}: key {short(bad)} is a {type(bad).__name__}; offload keys are bytes "
+        f"(see kv_offload.make_offload_key); nothing was stored"
+    )
+
+
+def no_tier_to_filter(tier_filter: Any) -> None:
+    """A ``load_tier_filter`` on a CPU-only manager: a filter naming tiers names tiers this
+    stack does not have (the same error a tiered stack gives for an unknown name)."""
+    from ..tier_types import TierFilter  # the value type, not a dependency of the hot path
+
+    if not isinstance(tier_filter, TierFilter):
+        raise InvalidArgumentError(
+            f"ReqContext.load_tier_filter must be a kv_offload.TierFilter or None, got "
+            f"{tier_filter!r}"
+        )
+    if tier_filter.tiers:
+        names = ", ".join(map(repr, sorted(tier_filter.tiers)))
+        raise InvalidArgumentError(
+            f"TierFilter names tier(s) {names} that this stack does not have; its tiers are: "
+            f"none (a CPU-only manager)"
+        )
+
+
 def key_state_error(
     operation: str,
     key_list: Sequence[OffloadKey],

@@ -15,6 +15,7 @@ CPU manager's event log, so one log holds the whole stack's events in order.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -22,8 +23,8 @@ from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded, new_entry_token
 from ..cpu import CPUOffloadingManager
-from ..cpu.validation import as_list, check_context
-from ..errors import ConfigError
+from ..cpu.validation import as_list, check_context, closed_error, short
+from ..errors import ConfigError, KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
 from ..tier_types import Locality, RequestOffloadingContext
@@ -88,6 +89,7 @@ class TieringOffloadingManager(OffloadingManager):
         if len(set(names)) != len(names):
             raise ConfigError(f"secondary tiers need distinct names, got {names}")
         self.primary = primary
+        primary.fronts_tiers = True
         self.kv_buffer: CPUKVBuffer = primary.kv_buffer
         self.tiers: list[SecondaryTierManager] = list(secondary_tiers)
         self.drain_timeout = drain_timeout
@@ -102,6 +104,8 @@ class TieringOffloadingManager(OffloadingManager):
         self._scope = RequestScope(self.tiers, primary, self._jobs)
         self._promotions = Promotions(primary, self.tiers, self._jobs, self._errors)
         self._closed = False
+        #: Engine pins (prepare_load minus complete_load) per key; cascade pins are not here.
+        self._load_pins: Counter[OffloadKey] = Counter()
         self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
@@ -120,11 +124,38 @@ class TieringOffloadingManager(OffloadingManager):
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> CPULoadStoreSpec:
-        return self.primary.prepare_load(keys, req_context)
+        if self._closed:
+            raise closed_error("prepare_load")
+        spec = self.primary.prepare_load(keys, req_context)
+        self._load_pins.update(keys)
+        return spec
 
     @entry_guarded
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.primary.complete_load(keys, req_context)
+        """The CPU tier's ``complete_load``, refused for a key the engine has not pinned: a
+        block may also be pinned by a cascade job, and a second ``complete_load`` would
+        otherwise take the cascade's pin and let the block be evicted while a tier reads it."""
+        if self._closed:
+            raise closed_error("complete_load")
+        key_list = as_list(keys, "complete_load")
+        pins = self._load_pins
+        try:
+            unpinned = next((k for k in key_list if pins.get(k, 0) <= 0), None)
+        except TypeError:  # an unhashable key: the CPU tier names it
+            unpinned = None
+        if unpinned is not None:
+            raise KeyStateError(
+                f"complete_load: key {short(unpinned)} is not pinned by a prepare_load "
+                f"(completed already, or never prepared); call complete_load once per "
+                f"prepare_load",
+                key=unpinned,
+                operation="complete_load",
+            )
+        self.primary.complete_load(key_list, req_context)
+        pins.subtract(key_list)
+        for k in key_list:
+            if pins[k] <= 0:
+                del pins[k]
 
     @entry_guarded
     def prepare_store(
@@ -155,6 +186,8 @@ class TieringOffloadingManager(OffloadingManager):
 
     @entry_guarded
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        if self._closed:
+            raise closed_error("touch")
         self.primary.touch(keys, req_context)
         for tier in self.tiers:
             tier.touch(keys, req_context)
@@ -186,6 +219,8 @@ class TieringOffloadingManager(OffloadingManager):
     def on_schedule_end(self) -> None:
         """Tell every tier the step ended, submit the promotions queued this step, then
         collect finished tier jobs."""
+        if self._closed:
+            raise closed_error("on_schedule_end")
         for tier in self.tiers:
             try:
                 tier.on_schedule_end()
@@ -204,6 +239,8 @@ class TieringOffloadingManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
         """Complete the CPU store; on success cascade the blocks to every secondary tier."""
+        if self._closed:
+            raise closed_error("complete_store")
         key_list = as_list(keys, "complete_store")
         self._promotions.check_not_promoting(key_list, "complete_store")
         # The CPU store is done even if one of its hooks raised: cascade it, then report.
@@ -217,6 +254,8 @@ class TieringOffloadingManager(OffloadingManager):
 
     @entry_guarded
     def on_request_finished(self, req_context: ReqContext) -> None:
+        if self._closed:
+            raise closed_error("on_request_finished")
         check_context(req_context, "on_request_finished")  # before any tier is told
         self._promotions.finish(req_context.req_id)
         if self._scope.whole:
@@ -255,6 +294,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._promotions.cancel()
         self._jobs.drain(self.drain_timeout)
         self._errors.call(self.primary.reset_cache)
+        self._load_pins.clear()
         self._jobs.promoting.clear()
         self._jobs.limits.clear()
         for whole in self._scope.whole.values():
