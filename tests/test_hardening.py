@@ -85,6 +85,8 @@ def test_check_imports_but_never_a_blocked_hook_plugin(
         ('{"hash_ids": [1, 18446744073709551616]}', "does not fit in 64 bits"),
         ('{"hash_ids": [-9223372036854775809]}', "does not fit in 64 bits"),
         ('{"hash_ids": [4, 5, 4]}', "hash 4 appears twice"),
+        ("[1, 2, 3]", "the line is a JSON list, not an object"),
+        ('"hash_ids"', "the line is a JSON str, not an object"),
     ],
 )
 def test_malformed_trace_lines_name_file_and_line(tmp_path: Path, line: str, fragment: str) -> None:

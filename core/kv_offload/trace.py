@@ -67,6 +67,11 @@ def read_trace(
                 continue
             try:
                 record = json.loads(raw.decode("utf-8"))
+                if not isinstance(record, dict):
+                    raise ValueError(
+                        f"the line is a JSON {type(record).__name__}, not an object "
+                        f'(each line is one request: {{"hash_ids": [...], ...}})'
+                    )
                 hash_ids = record["hash_ids"]
                 if not isinstance(hash_ids, list) or not all(
                     isinstance(h, int) and not isinstance(h, bool) for h in hash_ids

@@ -173,6 +173,18 @@ def test_hook_error_names_the_instance_that_raised(pm: KVOffloadPluginManager) -
     assert exc.value.plugin == "loud"
 
 
+def test_an_instance_registered_without_a_name_is_named_by_its_class(
+    pm: KVOffloadPluginManager,
+) -> None:
+    """pluggy names such a plugin ``str(id(plugin))``: the error said ``'140195238491408'``."""
+    assert pm.register(Boom()) == "Boom"
+    assert pm.register(Boom("blocks_stored")) == "Boom#2"  # names stay unique
+    m = CPUOffloadingManager(4, plugin_manager=pm)
+    with pytest.raises(HookError, match="hook plugin 'Boom#2' raised") as exc:
+        store(m, ReqContext("r"), 1)
+    assert exc.value.plugin == "Boom#2"
+
+
 def test_tiered_raising_tier_hook_does_not_drop_other_finished_jobs(
     pm: KVOffloadPluginManager,
 ) -> None:

@@ -115,6 +115,18 @@ class KVOffloadPluginManager(pluggy.PluginManager):
                 callback()
         self._subscribers = alive
 
+    def get_canonical_name(self, plugin: Any) -> str:
+        """The name of a plugin registered without one: a module's or class's ``__name__``,
+        an instance's class name (pluggy's default is ``str(id(plugin))``, which says nothing
+        in a :class:`~kv_offload.HookError`); ``Name#2``, ``Name#3``... for later instances
+        of one class, since names are unique."""
+        base = getattr(plugin, "__name__", None) or type(plugin).__name__
+        name, number = base, 1
+        while self.get_plugin(name) is not None or self.is_blocked(name):
+            number += 1
+            name = f"{base}#{number}"
+        return name
+
     def register(self, plugin: Any, name: str | None = None) -> str | None:
         """Register a hook plugin; unknown hook names or arguments are rejected here."""
         try:
