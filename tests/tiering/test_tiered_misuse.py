@@ -121,3 +121,23 @@ def test_every_call_after_shutdown_says_the_manager_was_shut_down(name: str, cal
     m.shutdown()
     with pytest.raises(ManagerError, match=f"{name}: the manager was shut down"):
         call(m, ctx)
+
+
+def test_a_store_that_waits_for_finished_cascades_is_counted_once() -> None:
+    """Every CPU block pinned by a cascade whose result is ready but not yet collected: the
+    tiered ``prepare_store`` collects the results and stores, counting one allocation and no
+    rejected store (it asked the CPU tier twice and counted both, where vLLM counts once)."""
+    primary = CPUOffloadingManager(2, block_size_bytes=BLOCK)
+    assert primary.kv_buffer is not None
+    tier = faulty_tier(OffloadingConfig(2, BLOCK), primary.kv_buffer.view, "t", capacity_blocks=8)
+    m = TieringOffloadingManager(primary, [tier], drain_timeout=5.0)
+    ctx = ReqContext("r")
+    _store(m, [1, 2], ctx)  # both pinned by the cascade until the next poll
+    before = m.get_stats().cpu
+    out = m.prepare_store([key(3), key(4)], ctx)
+    assert out is not None and out.keys_to_store == [key(3), key(4)]
+    after = m.get_stats().cpu
+    assert after.rejected_stores == before.rejected_stores == 0
+    assert after.allocation_sizes.count == before.allocation_sizes.count + 1
+    m.complete_store(out.keys_to_store, ctx, False)
+    m.shutdown()

@@ -205,10 +205,15 @@ def test_two_tiers_subclassed_names() -> None:
     m.on_schedule_end()
     np.testing.assert_array_equal(load(m, [1], ctx), original[:1])
     assert [t.promoted_blocks for t in m.get_stats().tiers] == [0, 1]
-    with pytest.raises(ConfigError, match="distinct names"):
-        TieringOffloadingManager(
-            primary, [second, ExampleSecondaryTierManager(config, view, "slow")]
-        )
+    # Two tiers of one type built directly are labelled by position, as a config's are.
+    other = TieringOffloadingManager(
+        primary, [second, ExampleSecondaryTierManager(config, view, "slow")]
+    )
+    assert [t.name for t in other.tiers] == ["1:slow", "2:slow"]
+    named = ExampleSecondaryTierManager(config, view, "example")
+    named.name = "x"  # a given name that an unnamed tier's type also gives
+    with pytest.raises(ConfigError, match="give each"):
+        TieringOffloadingManager(primary, [named, ExampleSecondaryTierManager(config, view, "x")])
 
 
 def test_needs_a_kv_buffer() -> None:

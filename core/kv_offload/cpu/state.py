@@ -220,6 +220,11 @@ class CPUManagerState(OffloadingManager):
     def num_resident_blocks(self) -> int:
         return self._slots.num_resident
 
+    @property
+    def num_storable_blocks(self) -> int:
+        """Slots a ``prepare_store`` could have now: free ones plus idle (evictable) ones."""
+        return self._slots.num_free + self._slots.num_evictable
+
     def ref_count(self, key: OffloadKey) -> int | None:
         """``ref_cnt`` of a resident block (-1 pending, 0 idle, n pinned), else ``None``."""
         block = self._get(key)

@@ -39,6 +39,7 @@ from ..types import (
 from .base import SecondaryTierManager
 from .cascade_gate import build_gate
 from .jobs import JobTable
+from .names import name_tiers
 from .promotion_limits import PromotionLimits
 from .promotions import Promotions
 from .request_scope import RequestScope
@@ -85,9 +86,7 @@ class TieringOffloadingManager(OffloadingManager):
                 "TieringOffloadingManager needs a CPU tier with a KV buffer: create the "
                 "CPUOffloadingManager with block_size_bytes=... (tiers copy real bytes)"
             )
-        names = [tier.name for tier in secondary_tiers]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"secondary tiers need distinct names, got {names}")
+        name_tiers(secondary_tiers)
         self.primary = primary
         primary.fronts_tiers = True
         self.kv_buffer: CPUKVBuffer = primary.kv_buffer
@@ -165,15 +164,15 @@ class TieringOffloadingManager(OffloadingManager):
         *,
         protected: Collection[OffloadKey] = (),
     ) -> PrepareStoreOutput | None:
-        """The CPU tier's ``prepare_store``; if blocks pinned by finished cascades are in the
-        way, collect those tier results first and try once more. For a request some tiers
+        """The CPU tier's ``prepare_store``; if blocks pinned by finished cascades may be in
+        the way, collect those tier results first. For a request some tiers
         want whole, its blocks already in the CPU tier are cascaded to those tiers."""
-        output = self.primary.prepare_store(keys, req_context, protected=protected)
-        if output is None and len(self._jobs):
+        primary = self.primary
+        if len(self._jobs) and len(keys) > primary.num_storable_blocks:
+            # Blocks pinned by finished cascades may be in the way: collect those results
+            # first, so the CPU tier is asked once (one offer, one allocation counted).
             self._jobs.poll()
-            output = self._errors.call(
-                self.primary.prepare_store, keys, req_context, protected=protected
-            )
+        output = self._errors.call(primary.prepare_store, keys, req_context, protected=protected)
         if output is not None and self._scope.whole:
             whole = self._scope.whole.get(req_context.req_id)
             if whole is not None:
