@@ -172,7 +172,9 @@ class TieringOffloadingManager(OffloadingManager):
             # Blocks pinned by finished cascades may be in the way: collect those results
             # first, so the CPU tier is asked once (one offer, one allocation counted).
             self._jobs.poll()
-        output = self._errors.call(primary.prepare_store, keys, req_context, protected=protected)
+        output: PrepareStoreOutput | None = self._errors.call(
+            primary.prepare_store, keys, req_context, protected=protected
+        )
         if output is not None and self._scope.whole:
             whole = self._scope.whole.get(req_context.req_id)
             if whole is not None:
