@@ -117,12 +117,14 @@ class RedisServer:
             ]
         if password is not None:
             lines.append(f"requirepass {password}")
+            lines.append(f"masterauth {password}")  # a Cluster replica logs in to its master
         if cluster:
             lines += [
                 "cluster-enabled yes",
                 f"cluster-config-file {directory / 'nodes.conf'}",
                 "cluster-node-timeout 1000",
                 "cluster-require-full-coverage no",
+                "repl-diskless-sync-delay 0",  # replicas in sync at once: failover-ready
             ]
         lines += list(extra)
         self.config = directory / "redis.conf"
@@ -190,13 +192,24 @@ class RedisServer:
                 self.process.wait(10)
 
 
-def start_cluster(directory: Path, masters: int = 3) -> list[RedisServer]:
-    """``masters`` Cluster nodes on loopback ports, joined and covering every slot."""
+def start_cluster(directory: Path, masters: int = 3, replicas: int = 0) -> list[RedisServer]:
+    """``masters`` Cluster masters on loopback ports, joined and covering every slot, each
+    with ``replicas`` replicas (``redis-cli --cluster create`` picks which node is which:
+    ask ``CLUSTER NODES`` or :func:`masters_of`)."""
     cli = need("redis-cli")
-    nodes = [RedisServer(directory / f"node{i}", cluster=True) for i in range(masters)]
+    count = masters * (1 + replicas)
+    nodes = [RedisServer(directory / f"node{i}", cluster=True) for i in range(count)]
     try:
         subprocess.run(
-            [cli, "--cluster", "create", *(n.address for n in nodes), "--cluster-yes"],
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(n.address for n in nodes),
+                "--cluster-yes",
+                "--cluster-replicas",
+                str(replicas),
+            ],
             check=True,
             capture_output=True,
             timeout=60,
@@ -208,12 +221,32 @@ def start_cluster(directory: Path, masters: int = 3) -> list[RedisServer]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"Cluster node {node.address} never reached state ok")
                 time.sleep(0.05)
+            # A replica that never synchronised cannot take over: wait for every link.
+            while (info := client.info("replication"))["role"] == "slave" and info.get(
+                "master_link_status"
+            ) != "up":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Cluster replica {node.address} never synchronised")
+                time.sleep(0.05)
             client.close()
     except BaseException:
         for node in nodes:
             node.stop()
         raise
     return nodes
+
+
+def slot_owners(node: RedisServer) -> dict[int, str]:
+    """Which master (``host:port``) owns each hash slot, as ``node`` sees the Cluster."""
+    client = node.client()
+    try:
+        owner: dict[int, str] = {}
+        for start, end, master, *_ in client.execute_command("CLUSTER SLOTS"):
+            address = f"{master[0].decode()}:{master[1]}"
+            owner.update((slot, address) for slot in range(start, end + 1))
+        return owner
+    finally:
+        client.close()
 
 
 def make_tls_files(directory: Path) -> dict[str, str]:

@@ -34,6 +34,15 @@ def cluster(tmp_path: Path) -> Iterator[list[RedisServer]]:
         node.stop()
 
 
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[list[RedisServer]]:
+    """Three Cluster masters with a replica each (six servers on loopback ports)."""
+    nodes = start_cluster(tmp_path / "cluster", replicas=1)
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
 @pytest.fixture(autouse=True)
 def password_env(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(PASSWORD_ENV, PASSWORD)

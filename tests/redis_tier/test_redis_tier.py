@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from _redis_servers import PASSWORD, RedisServer, make_tls_files
+from _redis_servers import PASSWORD, RedisServer, make_tls_files, slot_owners
 from _redis_stack import BLOCK, assert_quiet, load_and_check, redis_stack, resolve, store
 from _tiers import key
-from kv_offload import ConfigError, LookupResult, ReqContext
+from kv_offload import ConfigError, LookupResult, ReqContext, TieringOffloadingManager
 from kv_offload_redis_tier import RedisTier
 from kv_offload_redis_tier.codec import check
 from kv_offload_redis_tier.wire import exists_many
@@ -274,6 +274,100 @@ def test_cluster_master_killed_fails_only_its_slots(
         manager.on_request_finished(req)
     assert {k for k, a in answers.items() if a is MISS} == on_victim
     assert all(answers[k] is HIT for k in keys if k not in on_victim)
+    assert_quiet(manager)
+    manager.shutdown()
+
+
+@pytest.mark.parametrize("built", ["before the kill", "after the kill"])
+def test_cluster_jobs_spanning_a_dead_master_fail_only_its_keys(
+    cluster: list[RedisServer], password_env: str, built: str
+) -> None:
+    """One job of 48 keys spans every master. With one master dead, 7,695 of 7,743 cascaded
+    blocks failed (a job failed whole when any of its keys did), and a manager built while a
+    master was down could not use the others. Now only the dead master's keys fail, in stores
+    and in promotions, each live key with its bytes."""
+    seed, victim = cluster[0], cluster[1]
+    owner = slot_owners(seed)
+
+    def build() -> TieringOffloadingManager:
+        return redis_stack(
+            seed.url(), cluster=True, startup_nodes=[n.address for n in cluster],
+            namespace="span", num_blocks=64, timeout_s=1.0, connect_timeout_s=0.5,
+            retry_after_s=0.2,
+        )  # fmt: skip
+
+    manager = build() if built == "before the kill" else None
+    victim.kill()
+    if manager is None:
+        manager = build()
+    keys = [key(i) for i in range(48)]
+    on_victim = {k for k in keys if owner[key_slot(b"span:" + k.hex().encode())] == victim.address}
+    assert 0 < len(on_victim) < len(keys)
+    ctx = ReqContext(req_id="one-job")
+    store(manager, keys, ctx)  # one cascade job of 48 keys
+    manager.drain(15.0)
+    stats = manager.get_stats().tiers[0]
+    assert (stats.cascaded_blocks, stats.failed_cascades) == (48 - len(on_victim), len(on_victim))
+    manager.on_request_finished(ctx)
+    manager.reset_cache()  # the CPU tier forgets them; the live masters still have theirs
+    req = ReqContext(req_id="reader")
+    answers = resolve(manager, keys, req, timeout=15.0)  # one promotion job of 48 keys
+    hits = [k for k, a in zip(keys, answers) if a is HIT]
+    assert set(hits) == set(keys) - on_victim
+    load_and_check(manager, hits, req)
+    manager.on_request_finished(req)
+    assert_quiet(manager)
+    manager.shutdown()
+
+
+def test_cluster_heals_when_a_replica_takes_over_a_killed_master(
+    replicated_cluster: list[RedisServer], password_env: str
+) -> None:
+    """Kill a master of a Cluster with replicas: once its replica is promoted, the tier finds
+    the new owner of the slots (its topology refreshed after the failures), every store
+    lands again, and the blocks written before the kill are served from the replica."""
+    nodes = replicated_cluster
+    owner = slot_owners(nodes[0])
+    masters = sorted(set(owner.values()))
+    victim = next(n for n in nodes if n.address == masters[0])
+    seed = next(n for n in nodes if n is not victim)
+    manager = redis_stack(
+        seed.url(), cluster=True, startup_nodes=[n.address for n in nodes if n is not victim],
+        namespace="heal", num_blocks=64, timeout_s=1.0, connect_timeout_s=0.5,
+        retry_after_s=0.2, max_retry_after_s=0.5,
+    )  # fmt: skip
+    before = [key(i) for i in range(24)]
+    ctx = ReqContext(req_id="before")
+    store(manager, before, ctx)
+    manager.drain(15.0)
+    assert manager.get_stats().tiers[0].cascaded_blocks == 24
+    manager.on_request_finished(ctx)
+    time.sleep(0.3)  # let the replicas catch up (asynchronous replication)
+    victim.kill()
+    deadline = time.monotonic() + 30
+    while victim.address in slot_owners(seed).values():  # the replica's election
+        assert time.monotonic() < deadline, "no replica took over the killed master"
+        time.sleep(0.1)
+    # Stores resume: within the deadline, a whole job of new keys lands with no failure.
+    healed = False
+    batch = 0
+    while not healed:
+        assert time.monotonic() < deadline, "stores never resumed after the failover"
+        batch += 1
+        keys = [key(1000 * batch + i) for i in range(24)]
+        req = ReqContext(req_id=f"after-{batch}")
+        failed = manager.get_stats().tiers[0].failed_cascades
+        store(manager, keys, req)
+        manager.drain(15.0)
+        healed = manager.get_stats().tiers[0].failed_cascades == failed
+        manager.on_request_finished(req)
+        manager.reset_cache()
+        time.sleep(0.1)
+    reader = ReqContext(req_id="reader")
+    answers = resolve(manager, before, reader, timeout=15.0)
+    assert all(a is HIT for a in answers), answers
+    load_and_check(manager, before, reader)
+    manager.on_request_finished(reader)
     assert_quiet(manager)
     manager.shutdown()
 

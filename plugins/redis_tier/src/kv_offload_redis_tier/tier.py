@@ -72,7 +72,7 @@ class RedisTierStats:
     corrupt_values: int = 0
     #: keys that were gone at load time (evicted, expired, deleted)
     vanished_values: int = 0
-    #: jobs failed without I/O because their server's breaker was open
+    #: per-server parts of a batch failed without I/O (server unknown or its breaker open)
     fast_failed_jobs: int = 0
     #: jobs refused because ``max_in_flight`` jobs were already running
     refused_jobs: int = 0
@@ -211,13 +211,13 @@ class RedisTier(SecondaryTierManager):
         while done:
             result, job = done.popleft()
             self._in_flight -= 1
+            failed = result.failed_keys if result.success else frozenset(job.keys)
             if job.is_promotion:
-                if not result.success:
-                    # Whatever made it fail (server down, value gone or corrupt), what the
-                    # tier believed about these keys is stale: the next lookup asks again
-                    # (else a cached "present" would promote, fail and promote forever).
-                    for key in job.keys:
-                        self._lookups.forget(key)
+                # Whatever made a key fail (server down, value gone or corrupt), what the
+                # tier believed about it is stale: the next lookup asks again (else a
+                # cached "present" would promote, fail and promote again).
+                for key in failed:
+                    self._lookups.forget(key)
             else:
                 for key in job.keys:
                     left = self._storing.get(key, 1) - 1
@@ -225,7 +225,7 @@ class RedisTier(SecondaryTierManager):
                         self._storing[key] = left
                     else:
                         self._storing.pop(key, None)
-                    if result.success:
+                    if key not in failed:
                         self._lookups.record(key, True)
             results.append(result)
         return results
@@ -280,8 +280,12 @@ class RedisTier(SecondaryTierManager):
         return self._prefix + key.hex().encode()
 
     def _run(self, job: JobMetadata, batch: Any) -> None:
-        """One job, batch after batch; always ends in exactly one result."""
-        success = False
+        """One job, batch after batch; always ends in exactly one result. A batch returns the
+        keys it could not store or load (their server down, their value gone or corrupt):
+        only those fail, the job's other keys succeed (``JobResult.failed_keys``), so one
+        dead Cluster master fails the keys in its slots, not every job that touches it."""
+        failed: set[OffloadKey] = set()
+        reason: str | None = None
         try:
             if self._fatal is not None:
                 raise _BatchFailed(self._fatal)
@@ -289,28 +293,44 @@ class RedisTier(SecondaryTierManager):
             slots = job.block_ids.tolist()
             step = self.settings.batch_blocks
             for start in range(0, len(job.keys), step):
-                batch(job.keys[start : start + step], slots[start : start + step])
-            success = True
+                batch_failed, why = batch(
+                    job.keys[start : start + step], slots[start : start + step]
+                )
+                failed.update(batch_failed)
+                reason = reason or why
         except _BatchFailed as exc:
             logger.debug("%s: job %d failed: %s", self.name, job.job_id, exc)
-        except Exception:
+            failed, reason = set(job.keys), str(exc)
+        except Exception as exc:
             logger.exception("%s: job %d failed unexpectedly", self.name, job.job_id)
+            failed, reason = set(job.keys), f"{type(exc).__name__}: {exc}"
         finally:
-            if not success:
+            success = len(failed) < len(job.keys)
+            if failed:
                 self._count(**{"failed_load_jobs" if job.is_promotion else "failed_store_jobs": 1})
-            self._done.append((JobResult(job.job_id, success), job))
+            result = JobResult(
+                job.job_id,
+                success,
+                reason if failed else None,
+                frozenset(failed) if success else frozenset(),
+            )
+            self._done.append((result, job))
 
-    def _groups(self, rkeys: Sequence[bytes]) -> list[Group]:
-        """Route a batch; fail it at once if any of its servers is known to be down."""
-        groups = self._servers.route(rkeys)
-        for group in groups:
-            if group.client is None or group.breaker is None:
-                self._count(fast_failed_jobs=1)
-                raise _BatchFailed(group.reason)
-            if not group.breaker.allow():
-                self._count(fast_failed_jobs=1)
-                raise _BatchFailed(f"{self._where(group.server)} is down; retrying later")
-        return groups
+    def _usable(self, group: Group) -> str | None:
+        """Why ``group``'s server cannot be asked now (unknown, or its breaker open), else None.
+        In a Cluster a down node may have been replaced (a replica promoted to its slots):
+        the slot map is read again (at most once per ``retry_after_s``), so the next batch
+        goes to the new owner and the tier heals without a restart."""
+        if group.client is None or group.breaker is None:
+            why = group.reason
+        elif not group.breaker.allow():
+            why = f"{self._where(group.server)} is down; retrying later"
+        else:
+            return None
+        self._count(fast_failed_jobs=1)
+        if self.settings.cluster:
+            self._servers.refresh_topology()
+        return why
 
     def _execute(self, group: Group, commands: list[tuple[Any, ...]]) -> list[Any]:
         """One pipeline (one round trip) on ``group``'s server; connection errors open its
@@ -344,6 +364,8 @@ class RedisTier(SecondaryTierManager):
 
     def _server_failed(self, server: str, breaker: CircuitBreaker, exc: BaseException) -> None:
         self._count(server_errors=1)
+        if self.settings.cluster:
+            self._servers.refresh_topology()
         if breaker.failure():
             hint = ""
             if isinstance(exc, AuthenticationError):
@@ -361,59 +383,98 @@ class RedisTier(SecondaryTierManager):
     def _where(self, server: str) -> str:
         return self.settings.safe_url if server == "server" else f"Cluster node {server}"
 
-    def _store_batch(self, keys: list[OffloadKey], slots: list[int]) -> None:
+    def _store_batch(
+        self, keys: list[OffloadKey], slots: list[int]
+    ) -> tuple[list[OffloadKey], str | None]:
+        """SET each key on its server; the keys that failed, and the first reason."""
         rkeys = [self._rkey(k) for k in keys]
         expiry: tuple[Any, ...] = () if self._ttl_ms is None else ("PX", self._ttl_ms)
-        for group in self._groups(rkeys):
-            commands = []
-            for i in group.indices:
-                row = self._cpu[slots[i]]
-                commands.append(("SET", rkeys[i], Parts(codec.header(keys[i], row), row), *expiry))
-            replies = self._execute(group, commands)
-            bad = [r for r in replies if isinstance(r, Exception)]
-            if bad:
-                # e.g. OOM with maxmemory-policy noeviction: the server is up, the job fails
-                logger.warning("%s: a store was refused: %s", self.name, bad[0])
-                raise _BatchFailed(str(bad[0]))
-        self._count(stored_blocks=len(keys), bytes_written=len(keys) * self._block)
+        failed: list[OffloadKey] = []
+        reason: str | None = None
+        for group in self._servers.route(rkeys):
+            why = self._usable(group)
+            if why is None:
+                commands = []
+                for i in group.indices:
+                    row = self._cpu[slots[i]]
+                    commands.append(
+                        ("SET", rkeys[i], Parts(codec.header(keys[i], row), row), *expiry)
+                    )
+                try:
+                    replies = self._execute(group, commands)
+                except _BatchFailed as exc:
+                    why = str(exc)
+                else:
+                    for i, reply in zip(group.indices, replies):
+                        if isinstance(reply, Exception):
+                            # e.g. OOM with maxmemory-policy noeviction: the server is up
+                            if reason is None:
+                                logger.warning("%s: a store was refused: %s", self.name, reply)
+                            failed.append(keys[i])
+                            reason = reason or str(reply)
+                    continue
+            failed.extend(keys[i] for i in group.indices)
+            reason = reason or why
+        stored = len(keys) - len(failed)
+        self._count(stored_blocks=stored, bytes_written=stored * self._block)
+        return failed, reason
 
-    def _load_batch(self, keys: list[OffloadKey], slots: list[int]) -> None:
+    def _load_batch(
+        self, keys: list[OffloadKey], slots: list[int]
+    ) -> tuple[list[OffloadKey], str | None]:
+        """GET each key from its server into its CPU slot, checked; the keys that failed."""
         rkeys = [self._rkey(k) for k in keys]
-        failure = None
-        for group in self._groups(rkeys):
-            replies = self._execute(group, [("GET", rkeys[i]) for i in group.indices])
+        failed: list[OffloadKey] = []
+        reason: str | None = None
+        for group in self._servers.route(rkeys):
+            why = self._usable(group)
+            if why is None:
+                try:
+                    replies = self._execute(group, [("GET", rkeys[i]) for i in group.indices])
+                except _BatchFailed as exc:
+                    why = str(exc)
+            if why is not None:
+                failed.extend(keys[i] for i in group.indices)
+                reason = reason or why
+                continue
             corrupt: list[bytes] = []
             for i, value in zip(group.indices, replies):
-                if value is None:
-                    self._count(vanished_values=1)
-                    self._lookups.forget(keys[i])
-                    failure = failure or "a block vanished (evicted, expired or deleted)"
-                    continue
-                if isinstance(value, ResponseError):
-                    failure = failure or str(value)
-                    continue
-                try:
-                    payload = codec.check(value, keys[i], self._block)
-                except codec.BadValue as exc:
-                    self._count(corrupt_values=1)
-                    self._lookups.forget(keys[i])
-                    corrupt.append(rkeys[i])
-                    logger.warning(
-                        "%s: value %r failed its check (%s); deleted, the load fails",
-                        self.name,
-                        rkeys[i].decode(),
-                        exc,
-                    )
-                    failure = failure or f"corrupt value: {exc}"
-                    continue
-                np.copyto(self._cpu[slots[i]], np.frombuffer(payload, np.uint8))
+                why = self._land(keys[i], rkeys[i], slots[i], value)
+                if why is not None:
+                    failed.append(keys[i])
+                    reason = reason or why
+                    if why.startswith("corrupt"):
+                        corrupt.append(rkeys[i])
             if corrupt:
                 # If the server went away meanwhile, the next reader finds it corrupt again.
                 with contextlib.suppress(_BatchFailed):
                     self._execute(group, [("DEL", k) for k in corrupt])
-            if failure is not None:
-                raise _BatchFailed(failure)
-        self._count(loaded_blocks=len(keys), bytes_read=len(keys) * self._block)
+        loaded = len(keys) - len(failed)
+        self._count(loaded_blocks=loaded, bytes_read=loaded * self._block)
+        return failed, reason
+
+    def _land(self, key: OffloadKey, rkey: bytes, slot: int, value: Any) -> str | None:
+        """Check one GET reply and copy its payload into CPU slot ``slot``; why not, or None."""
+        if value is None:
+            self._count(vanished_values=1)
+            self._lookups.forget(key)
+            return "a block vanished (evicted, expired or deleted)"
+        if isinstance(value, ResponseError):
+            return str(value)
+        try:
+            payload = codec.check(value, key, self._block)
+        except codec.BadValue as exc:
+            self._count(corrupt_values=1)
+            self._lookups.forget(key)
+            logger.warning(
+                "%s: value %r failed its check (%s); deleted, the load fails",
+                self.name,
+                rkey.decode(),
+                exc,
+            )
+            return f"corrupt value: {exc}"
+        np.copyto(self._cpu[slot], np.frombuffer(payload, np.uint8))
+        return None
 
     def _exists(self, keys: list[OffloadKey]) -> list[bool]:
         """The AsyncLookup resolver: one round trip of ``EXISTS`` commands per server (and per
