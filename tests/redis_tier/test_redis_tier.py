@@ -511,3 +511,20 @@ def test_exists_many_answers_in_order_and_leaves_the_connection_usable(
         exists_many(redis.Redis(host="127.0.0.1", port=redis_server.port), asked[:10])
     assert exists_many(client, asked[:3]) == [True, False, False]
     client.close()
+
+
+def test_cluster_true_against_a_standalone_server_is_a_config_error(
+    redis_server: RedisServer, password_env: str
+) -> None:
+    """It was a warning and a stack that cascaded nothing: a permanent misconfiguration."""
+    with pytest.raises(ConfigError, match=r"cluster = true, but .* is a standalone server"):
+        redis_stack(redis_server.url(), cluster=True, password_env=password_env)
+
+
+def test_a_database_the_server_does_not_have_is_a_config_error(
+    redis_server: RedisServer, password_env: str
+) -> None:
+    """``/99`` passed validate and failed at build as a PluginError wrapping ResponseError."""
+    url = redis_server.url().rsplit("/", 1)[0] + "/99"
+    with pytest.raises(ConfigError, match=r"selects database 99, which the server does not"):
+        redis_stack(url, password_env=password_env)

@@ -542,7 +542,23 @@ class RedisTier(SecondaryTierManager):
                         ) from None
                     raise _BatchFailed(f"{self._where(server)}: {type(exc).__name__}") from None
                 breaker.success()
+            except ResponseError as exc:
+                if at_startup and "DB index" in str(exc):
+                    raise ConfigError(
+                        f"tier {s.tier!r}: url {s.safe_url!r} selects database {s.db}, which "
+                        f"the server does not have ({exc}; a server has databases 0 to its "
+                        f"'databases' setting - 1, 16 by default); fix the db number in url",
+                        key="url",
+                    ) from None
+                raise
             except (_BatchFailed, Unreachable) as exc:
+                if at_startup and "Cluster mode is not enabled" in str(exc):
+                    raise ConfigError(
+                        f"tier {s.tier!r}: cluster = true, but {s.safe_url} is a standalone "
+                        f"server (Cluster mode is not enabled on it); set cluster = false, "
+                        f"or point url at a Redis Cluster node",
+                        key="cluster",
+                    ) from None
                 if at_startup:
                     logger.warning(
                         "%s: %s is not reachable at startup (%s); jobs fail until it is",
