@@ -163,3 +163,46 @@ def test_evict_raising_half_way_fails_the_manager_until_reset(
     manager.reset_cache()
     assert manager.lookup(k(2), CTX) is MISS
     assert manager.num_free_blocks == 4
+
+
+#: Names a key it never held as its victim (keeping the key it really took the slot from):
+#: handing that slot out would give one slot to two keys.
+FOREIGN_VICTIM_LRU = """
+from kv_offload import make_offload_key
+from kv_offload_lru import LRUCachePolicy
+
+class ForeignVictimLRU(LRUCachePolicy):
+    def evict_split(self, n, protected):
+        got = super().evict_split(n, protected)
+        if got is None:
+            return None
+        keys, blocks = got
+        self.insert(keys[0], blocks[0])  # still holds the real victim...
+        self.mark_evictable(keys[0])
+        return [make_offload_key(999_999), *keys[1:]], blocks  # ...and names another key
+"""
+
+
+def test_a_victim_the_policy_does_not_hold_never_gets_a_slot_twice(
+    make_module: ModuleFactory, register_policy: Callable[..., None]
+) -> None:
+    """It was accepted: prepare_store gave k1's slot to k10 while k1 still lived there (and a
+    tiered stack then raised an internal RuntimeError with keys PENDING forever). Now the
+    call raises PluginError naming the policy, and no slot is handed out twice: the manager
+    refuses reads until reset_cache(), since which blocks the policy removed is unknown."""
+    register_policy("foreign-victim", make_module(FOREIGN_VICTIM_LRU), "ForeignVictimLRU")
+    m = CPUOffloadingManager(4, cache_policy="foreign-victim")
+    ctx = ReqContext(req_id="r")
+    out = m.prepare_store([k(i) for i in range(4)], CTX)
+    assert out is not None
+    m.complete_store(out.keys_to_store, CTX)
+    with pytest.raises(PluginError, match="'foreign-victim' broke the evict") as exc:
+        m.prepare_store([k(10)], ctx)
+    assert exc.value.plugin == "foreign-victim"
+    assert "not one it held" in str(exc.value)
+    with pytest.raises(ManagerError, match="foreign-victim"):
+        m.lookup(k(1), ctx)  # no answer from a cache whose slots are in doubt
+    m.reset_cache()
+    assert m.get_stats().resident_blocks == 0
+    out = m.prepare_store([k(1), k(2)], ctx)
+    assert out is not None and len(set(out.store_spec.block_ids.tolist())) == 2

@@ -41,6 +41,8 @@ def evict_for(
         return None
     policy = manager._policy
     split = manager._policy_splits
+    sized = manager._policy_len
+    held = sized() if sized is not None else -1
     answer: Any  # the policy is a plugin: its answer is checked below, not trusted
     try:
         if split:
@@ -59,6 +61,20 @@ def evict_for(
         if not put_back(manager, check.as_pairs(answer) if split else answer):
             raise mark_failed(manager, exc) from exc
         raise
+    if sized is not None and held == slots.num_resident and sized() != held - shortfall:
+        # It named a key it did not hold (or kept one it named): some victim slot is still
+        # some resident key's, and handing it out would give one slot to two keys. Which
+        # keys it removed cannot be told, so nothing can be put back: fail the manager.
+        named = check.describe_victims(
+            check.as_pairs(answer) if split else answer, slots.refs.__getitem__
+        )
+        raise mark_failed(
+            manager,
+            LookupError(
+                f"it named {shortfall} victim(s) but its size went from {held} to {sized()}, "
+                f"so some named key was not one it held (or was not removed): {named}"
+            ),
+        )
     slots.release_idle(blocks)
     manager.counters.evictions += shortfall
     if manager.event_log is not None:

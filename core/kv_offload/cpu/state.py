@@ -5,6 +5,7 @@ and shutdown."""
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..base import OffloadingManager
@@ -187,6 +188,10 @@ class CPUManagerState(OffloadingManager):
         self._policy: CachePolicy = policy
         self._get = policy.fast_get()  # bound once: the manager's hottest call
         self._policy_splits = splits_victims(type(policy))  # evict_split, or evict's pairs
+        #: ``len(policy)`` if the policy can say how many keys it holds: eviction then checks
+        #: that the policy held every victim it named (cpu/eviction.py).
+        sized = getattr(policy, "__len__", None)  # optional: not part of vLLM's CachePolicy
+        self._policy_len: Callable[[], int] | None = sized if callable(sized) else None
         self._slots = SlotTable(num_blocks)
         self._refs = self._slots.refs
         # Policy callbacks left as the base class's no-ops are not called at all.
