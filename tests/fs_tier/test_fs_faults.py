@@ -113,10 +113,14 @@ def test_a_full_disk_fails_stores_and_the_stack_keeps_serving(
     assert stats.store_errors.get("ENOSPC", 0) > 0, stats
     failed_jobs = stats.failed_store_jobs
     assert m.get_stats().tiers[0].failed_cascades > 0
-    # One line per failed job, naming the reason.
+    # One line per failed job, naming the reason, and one saying the capacity shrank.
     lines = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
-    assert len(lines) == failed_jobs and all("ENOSPC" in line for line in lines)
-    assert not temporary_files(root)  # the partial writes were removed
+    assert len(lines) == failed_jobs
+    assert all("ENOSPC" in line or "no room" in line for line in lines)
+    assert stats.capacity_shrinks >= 1 and stats.capacity < 1000
+    assert any("the capacity is now" in r.getMessage() for r in caplog.records)
+    # The partial writes were removed (spares are evicted files kept for reuse).
+    assert not [p for p in temporary_files(root) if not p.name.startswith("spare-")]
     check_no_leaks(m)
     serves_from_cpu(m)
     # What did fit is intact.
@@ -124,6 +128,14 @@ def test_a_full_disk_fails_stores_and_the_stack_keeps_serving(
     assert held
     for i in held:
         assert promote(m, key(i), ctx) is HIT
+    if real:
+        # The tier now evicts to make room (its files are reused): later stores land, where
+        # every store after the disk filled used to fail.
+        for i in range(100, 140, 2):
+            store(m, [key(i), key(i + 1)], ctx)
+        m.drain()
+        assert tier.get_stats().failed_store_jobs <= failed_jobs + 1
+        assert tier.lookup(key(139), ctx) is True
     m.shutdown()
 
 
@@ -398,3 +410,71 @@ def test_capacity_holds_under_concurrent_stores(
     expected = rows[[source[k] for k in held]]
     np.testing.assert_array_equal(reader_cpu.kv_buffer.array, expected)
     reader.shutdown()
+
+
+def test_a_removed_root_dir_is_reported_once_and_the_tier_recovers_when_it_is_back(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """It logged one ENOENT warning per job forever and never stored again."""
+    import shutil
+    import time
+
+    root = tmp_path / "fs"
+    m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    ctx = ReqContext("r")
+    store(m, [key(1), key(2)], ctx)
+    m.drain()
+    assert tier.lookup(key(1), ctx) is True
+    while root.exists():  # the I/O threads may be creating spare files meanwhile
+        shutil.rmtree(root, ignore_errors=True)
+    with caplog.at_level(logging.WARNING, "kv_offload.fs_tier"):
+        for i in range(10, 70, 2):
+            store(m, [key(i), key(i + 1)], ctx)
+            m.drain()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("was removed" in w for w in warnings) == 1, warnings
+    assert str(root) in warnings[-1] or any(str(root) in w for w in warnings)
+    assert len(warnings) <= 2, warnings  # the removal, not a line per job
+    stats = tier.get_stats()
+    assert stats.root_lost == 1 and stats.root_gone_jobs > 0
+    assert tier.lookup(key(1), ctx) is False  # its blocks went with the directory
+    check_no_leaks(m)
+    serves_from_cpu(m)
+    root.mkdir()  # the directory is back: the tier stores again
+    time.sleep(1.1)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "kv_offload.fs_tier"):
+        for i in range(200, 210, 2):
+            store(m, [key(i), key(i + 1)], ctx)
+            m.drain()
+    assert any("is back" in r.getMessage() for r in caplog.records)
+    assert tier.lookup(key(209), ctx) is True
+    assert promote(m, key(209), ctx) is HIT  # and its bytes come back from the new directory
+    m.shutdown()
+
+
+def test_validate_warns_when_the_capacity_is_larger_than_the_disk(
+    tmp_path: Path, mounts: list[Path]
+) -> None:
+    """It passed in silence, and every store then failed with ENOSPC once the disk filled."""
+    from kv_offload import load_config
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not (can_mount() and mount(mounts, "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk))):
+        pytest.skip("mounting a small tmpfs is not allowed here")
+    config = {
+        "num_blocks": 4,
+        "block_size_bytes": 4096,
+        "tiers": [{"type": "fs", "root_dir": str(disk / "kvo"), "capacity_blocks": 100_000}],
+    }
+    with pytest.warns(UserWarning, match=r"needs 819,200,000 bytes .* has 1,048,576 bytes free"):
+        load_config(config)
+    config["tiers"][0]["capacity_blocks"] = 100  # type: ignore[index]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(config)  # fits: no warning

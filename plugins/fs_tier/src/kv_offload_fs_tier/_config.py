@@ -13,6 +13,8 @@ Every error carries ``key=`` the argument at fault, so a TOML config's error nam
 from __future__ import annotations
 
 import os
+import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,6 +212,36 @@ def check_for_block_size(tier: str, block_size: int, **arguments: Any) -> None:
             f"holds blocks of {marker.get('block_size_bytes')!r} bytes, this stack's "
             f"block_size_bytes is {block_size}",
             "use a root_dir per block size, or delete this one",
+        )
+    _warn_if_larger_than_the_disk(tier, path, block_size, values)
+
+
+def _warn_if_larger_than_the_disk(
+    tier: str, path: Path, block_size: int, values: dict[str, Any]
+) -> None:
+    """A capacity the filesystem cannot hold passes (the disk may be freed before it fills),
+    with a warning giving both figures: once the disk fills, the tier shrinks its capacity
+    to what fitted and evicts (see the README), which is rarely what was meant."""
+    capacity_bytes = values["capacity_bytes"]
+    if capacity_bytes is None:
+        capacity_bytes = values["capacity_blocks"] * _format.file_size(block_size)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        usage = shutil.disk_usage(existing)
+    except OSError:
+        return
+    # A root that already holds blocks has them on the disk: only its size can be compared
+    # without scanning it (validation stays cheap); a new root needs free space.
+    room, what = (usage.total, "in all") if (path / "blocks").is_dir() else (usage.free, "free")
+    if capacity_bytes > room:
+        warnings.warn(
+            f"tier {tier!r}: the capacity needs {capacity_bytes:,} bytes on disk but the "
+            f"filesystem of root_dir {str(path)!r} has {room:,} bytes {what}; lower the "
+            f"capacity or free space (a full disk shrinks the capacity to what fitted)",
+            UserWarning,
+            stacklevel=2,
         )
 
 

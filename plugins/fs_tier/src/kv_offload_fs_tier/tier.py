@@ -40,6 +40,7 @@ from kv_offload import (
     ReqContext,
     SecondaryTierManager,
 )
+from kv_offload.errors import ConfigError
 from kv_offload.keys import OffloadKey
 
 from . import _format, _io
@@ -61,6 +62,10 @@ SPARE_FILES = 256
 PRECREATE_FILES = 256
 
 _REASON_IN_RESULT = "reason" in {f.name for f in fields(JobResult)}
+
+
+#: Seconds between two looks for a removed ``root_dir``.
+ROOT_RETRY_S = 1.0
 
 
 def _result(job_id: int, success: bool, reason: str | None = None) -> JobResult:
@@ -102,6 +107,11 @@ class FsTierStats:
     #: files (those and recycled evicted ones) waiting for a store now
     precreated_files: int = 0
     spare_files: int = 0
+    #: times ``root_dir`` was found removed while the tier ran, and jobs failed at once
+    #: while it was gone; times a full disk (ENOSPC) shrank ``capacity`` to what fitted
+    root_lost: int = 0
+    root_gone_jobs: int = 0
+    capacity_shrinks: int = 0
     #: what the start found: blocks, leftover temporary files, files of the wrong size
     recovered_blocks: int = 0
     removed_temporary_files: int = 0
@@ -118,6 +128,8 @@ class _Job:
     order: list[bytes]  # a store's keys, in job order
     written: set[bytes] = field(default_factory=set)
     failed: int = 0
+    #: the keys that failed (their store or load did not happen), reported per key
+    failed_keys: set[bytes] = field(default_factory=set)
     kind: str | None = None
     reason: str | None = None
 
@@ -209,6 +221,14 @@ class FileSystemTier(SecondaryTierManager):
         self._spare_ids = itertools.count()
         self._precreate_lock = threading.Lock()
         self._precreating = True
+        #: monotonic time root_dir was found removed (None: present), when it was last
+        #: looked for, and the directories it replaced (closed at shutdown: I/O queued
+        #: before the loss may still hold their descriptors)
+        self._lost_since: float | None = None
+        self._lost_checked = 0.0
+        self._old_roots: list[RootDir] = []
+        #: the capacity was shrunk to what a full disk held, and no store has landed since
+        self._shrunk = False
         self._root = RootDir(settings.root_dir, block_size, tier_type)
         try:
             scan = self._root.scan()
@@ -311,6 +331,9 @@ class FileSystemTier(SecondaryTierManager):
         if self._closed:
             self._refuse(job, "closed", "the tier is shut down")
             return
+        if self._lost_since is not None and not self._root_back():
+            self._refuse_root_gone(job)
+            return
         if not self._check_keys(job):
             return
         index, storing = self._index, self._storing
@@ -346,6 +369,9 @@ class FileSystemTier(SecondaryTierManager):
     def submit_load(self, job: JobMetadata) -> None:
         if self._closed:
             self._refuse(job, "closed", "the tier is shut down")
+            return
+        if self._lost_since is not None and not self._root_back():
+            self._refuse_root_gone(job)
             return
         index = self._index
         missing = next((k for k in job.keys if k not in index), None)
@@ -450,11 +476,14 @@ class FileSystemTier(SecondaryTierManager):
         job.parts_left -= 1
         if outcome.failed or outcome.untried:
             job.failed += len(outcome.failed) + len(outcome.untried)
+            job.failed_keys.update(k for k, _, _ in outcome.failed)
+            job.failed_keys.update(outcome.untried)
             if job.reason is None and outcome.failed:
                 key, kind, message = outcome.failed[0]
                 job.kind, job.reason = kind, f"block {key.hex()}: {message}"
         if outcome.error is not None:  # the blocks are whole, but not known to be durable
             job.failed += len(outcome.done)
+            job.failed_keys.update(outcome.done)
             if job.reason is None:
                 job.kind, job.reason = outcome.error
         if job.parts_left:
@@ -465,10 +494,18 @@ class FileSystemTier(SecondaryTierManager):
             for key in job.order:
                 if key in job.written:
                     cost = self._storing.pop(key)
-                    index[key] = cost
-                    self._used += cost
                     self._reserved -= cost
+                    if self._lost_since is None:  # else its file went with the directory
+                        index[key] = cost
+                        self._used += cost
             stats.stores_in_flight -= 1
+            if job.written:
+                self._shrunk = False
+            if job.kind == "ENOENT" and self._lost_since is None and self._root_removed():
+                self._lose_root()
+            elif job.kind == "ENOSPC":
+                self._drop_spares()
+                self._shrink_to_fit()
         else:
             stats.loads_in_flight -= 1
         if job.failed:
@@ -477,6 +514,7 @@ class FileSystemTier(SecondaryTierManager):
                 self._count(stats.store_errors, job.kind or "unknown")
             else:
                 stats.failed_load_jobs += 1
+        if job.failed and self._lost_since is None:
             logger.warning(
                 "tier %r: %s job %d failed for %d of %d blocks: %s",
                 self.name,
@@ -486,7 +524,119 @@ class FileSystemTier(SecondaryTierManager):
                 job.keys,
                 job.reason,
             )
-        self._finished.append(_result(outcome.job_id, not job.failed, job.reason))
+        # Only the keys that failed fail: a bad block never takes its neighbours with it.
+        some_landed = job.failed < job.keys
+        self._finished.append(
+            JobResult(
+                outcome.job_id,
+                not job.failed or some_landed,
+                job.reason,
+                frozenset(map(OffloadKey, job.failed_keys))
+                if job.failed and some_landed
+                else frozenset(),
+            )
+        )
+
+    # -- a removed root_dir, a full disk -----------------------------------------------------
+
+    def _root_removed(self) -> bool:
+        """Whether ``root_dir`` (or its ``blocks`` directory) no longer exists."""
+        return not (self.root_dir / "blocks").is_dir()
+
+    def _lose_root(self) -> None:
+        """``root_dir`` was removed under the tier: its blocks are gone. Say so once; jobs
+        fail at once (no I/O, no warning each) until the directory exists again."""
+        self._lost_since = self._lost_checked = time.monotonic()
+        gone = len(self._index)
+        self._index.clear()
+        self._used = 0
+        self._spares.clear()  # their files went with the directory
+        self._stats.root_lost += 1
+        logger.warning(
+            "tier %r: root_dir %s was removed while the tier ran (its %d blocks are gone); "
+            "its jobs fail at once until the directory exists again (looked for every %.0f s)",
+            self.name,
+            self.root_dir,
+            gone,
+            ROOT_RETRY_S,
+        )
+
+    def _root_back(self) -> bool:
+        """While ``root_dir`` is gone: open it again once it exists (looked for at most every
+        :data:`ROOT_RETRY_S`, and only with no job in flight on the old one)."""
+        now = time.monotonic()
+        if now - self._lost_checked < ROOT_RETRY_S or self._jobs:
+            return False
+        self._lost_checked = now
+        if not self.root_dir.is_dir():
+            return False
+        try:
+            root = RootDir(self.root_dir, self._block_size, self.name)
+            scan = root.scan()
+        except (ConfigError, OSError) as exc:
+            logger.debug("tier %r: root_dir %s not usable yet: %s", self.name, self.root_dir, exc)
+            return False
+        self._old_roots.append(self._root)
+        self._root = root
+        for key in scan.keys:  # a directory that came back with blocks (say, remounted)
+            cost = self._cost(key)
+            self._index[key] = cost
+            self._used += cost
+        self._make_room(0)
+        logger.warning(
+            "tier %r: root_dir %s is back after %.1f s (%d blocks in it); storing again",
+            self.name,
+            self.root_dir,
+            now - (self._lost_since or now),
+            len(scan.keys),
+        )
+        self._lost_since = None
+        return True
+
+    def _refuse_root_gone(self, job: JobMetadata) -> None:
+        self._stats.root_gone_jobs += 1
+        if job.direction is JobDirection.STORE:
+            self._stats.failed_store_jobs += 1
+            self._count(self._stats.store_errors, "root_gone")
+        else:
+            self._stats.failed_load_jobs += 1
+        self._finished.append(_result(job.job_id, False, f"root_dir {self.root_dir} is gone"))
+
+    def _drop_spares(self) -> None:
+        """A full disk: delete the spare files (evicted ones keep their bytes' space), so the
+        space of evicted blocks is free for the next stores."""
+        spares = self._spares
+        while True:
+            try:
+                name, _ = spares.popleft()  # an I/O thread may take one too: each once
+            except IndexError:
+                return
+            with contextlib.suppress(OSError):
+                _io.remove_block(self._root.tmp_fd, name)
+
+    def _shrink_to_fit(self) -> None:
+        """The disk is full before the capacity is: the capacity becomes what the disk held
+        (less one job's worth of blocks, for the files in flight), and least recently used
+        blocks are evicted to make room for later stores instead of every store failing."""
+        if self._shrunk:
+            return  # once per full disk: files being deleted free the space after it
+        fits = max(self._file_cost, self._used - self._used // 20)
+        if fits >= self._capacity:
+            return
+        self._shrunk = True
+        logger.warning(
+            "tier %r: the disk under %s is full at %d %s, below the capacity of %d: the "
+            "capacity is now %d (evicting to make room); free space or lower the capacity",
+            self.name,
+            self.root_dir,
+            self._used,
+            self._stats.capacity_unit,
+            self._capacity,
+            fits,
+        )
+        self._capacity = self._stats.capacity = fits
+        self._stats.capacity_shrinks += 1
+        self._make_room(0)
 
     @staticmethod
     def _count(counter: dict[str, int], kind: str) -> None:
@@ -515,6 +665,8 @@ class FileSystemTier(SecondaryTierManager):
             with contextlib.suppress(OSError):
                 _io.remove_block(self._root.tmp_fd, self._spares.popleft()[0])
         self._root.close()
+        for old in self._old_roots:
+            old.close()
         if self.settings.delete_on_shutdown:
             self._root.destroy()
 
