@@ -1,5 +1,5 @@
 """Sessions: tests (fresh venv, every distribution installed as a user would), lint,
-typecheck, bench, demo. `python3 -m nox` runs tests, lint and typecheck."""
+typecheck, bench, demo, soak, vllm. `python3 -m nox` runs tests, lint and typecheck."""
 
 from __future__ import annotations
 
@@ -120,6 +120,18 @@ def vllm(session: nox.Session) -> None:
         )
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # GBs; nox rebuilds it on every run anyway
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """The chaos soak (tests/soak/run_soak.py, docs/soak.md): a CPU -> fs -> Redis Cluster
+    stack (six real redis-server processes, the fs tier on a small tmpfs where root may
+    mount one) under a seeded fault schedule, every invariant checked as it runs. Without
+    arguments the full run (10^6 block operations, ~10 minutes here); `nox -s soak -- --short`
+    is the variant .ci/run runs (~2 minutes)."""
+    install_stack(session, "test")
+    args = session.posargs or ["--ops", "1000000"]
+    session.run("python", "tests/soak/run_soak.py", *args)
 
 
 @nox.session

@@ -61,7 +61,8 @@ def evict_for(
         if not put_back(manager, check.as_pairs(answer) if split else answer):
             raise mark_failed(manager, exc) from exc
         raise
-    if sized is not None and held == slots.num_resident and sized() != held - shortfall:
+    # (Only for a policy whose size is the number of resident blocks, as it was before.)
+    if sized is not None and sized() != held - shortfall and held == slots.num_resident:
         # It named a key it did not hold (or kept one it named): some victim slot is still
         # some resident key's, and handing it out would give one slot to two keys. Which
         # keys it removed cannot be told, so nothing can be put back: fail the manager.

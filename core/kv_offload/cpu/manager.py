@@ -21,8 +21,8 @@ from . import validation as check
 from .slots import without_block
 from .state import MEDIUM_CPU, CPUManagerState
 
-#: The one key type a stored block may have (tiers write keys as bytes).
-_BYTES_ONLY = {bytes}
+#: Refuses a batch holding a key that is not bytes-like (tiers write keys as bytes).
+_JOIN = b"".join
 
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
@@ -236,13 +236,15 @@ class CPUOffloadingManager(CPUManagerState):
         key_set = set(key_list)  # what eviction must spare, with ``protected``
         if len(key_set) != len(key_list):
             raise check.bad_batch(key_list, "prepare_store")
-        if key_list and set(map(type, key_list)) != _BYTES_ONLY:  # keys enter the cache here
-            raise check.not_bytes(key_list, "prepare_store")
         if protected:
             key_set = check.protected_set(key_set, protected)
         if self._on_request_access is not None:
             self._on_request_access(key_list, req_context)
         to_store = without_block(key_list, blocks)
+        try:  # keys enter the cache here: bytes only (join is the cheapest C-level check)
+            _JOIN(to_store)
+        except TypeError:
+            raise check.not_bytes(to_store, "prepare_store") from None
         if self.reuse_filter is not None and not bypass_reuse_filter:
             admitted = self.reuse_filter.offer(key_list, to_store)
             self.counters.stores_skipped += len(to_store) - len(admitted)

@@ -118,7 +118,7 @@ def malformed_keys(key_list: Sequence[Any], operation: str) -> InvalidArgumentEr
 def not_bytes(key_list: Sequence[Any], operation: str) -> InvalidKeyError:
     """The error for a batch holding a key that is not ``bytes``: checked where keys enter
     the cache, so a bad key never reaches a tier job (where it would fail its neighbours)."""
-    bad = next(k for k in key_list if type(k) is not bytes)
+    bad = next((k for k in key_list if not isinstance(k, bytes)), key_list[0])
     return InvalidKeyError(
         f"{operation}: key {short(bad)} is a {type(bad).__name__}; offload keys are bytes "
         f"(see kv_offload.make_offload_key); nothing was stored"

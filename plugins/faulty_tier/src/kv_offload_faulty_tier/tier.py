@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -111,6 +111,17 @@ class FaultyTier(SecondaryTierManager):
         self._device_free_at = 0.0
         # Skip the clock (and the lookup dice) when the plan has no device time (no lookup faults).
         self._timed = self.plan.delay_s > 0 or self.plan.seconds_per_mib > 0
+        self._lookup_rate = self.plan.lookup_raise_rate
+
+    def set_faults(self, **changes: Any) -> None:
+        """Change what is injected from now on (a soak's fault schedule turns faults on and
+        off while the stack runs); the same keys and checks as the config. Jobs already held
+        keep the delay they were given; the dice restart from ``seed``."""
+        current = {f.name: getattr(self.plan, f.name) for f in fields(self.plan)}
+        self.plan = FaultPlan.from_arguments(self.name, **{**current, **changes})
+        self._dice = Dice(self.plan)
+        # Once timed, the clock stays on: jobs held with a release time must still see it.
+        self._timed = self._timed or self.plan.delay_s > 0 or self.plan.seconds_per_mib > 0
         self._lookup_rate = self.plan.lookup_raise_rate
 
     @classmethod
