@@ -2,7 +2,8 @@
 
 Per request: ``lookup`` in prefix order until the first non-HIT (a ``PENDING`` block, such as a
 promotion from a secondary tier, is waited for by stepping the engine with
-``on_schedule_end()``), ``prepare_load`` / ``complete_load`` of the hits, ``touch``,
+``on_schedule_end()`` until it resolves: a tiered manager bounds that wait), ``prepare_load`` /
+``complete_load`` of the hits, ``touch``,
 ``prepare_store`` / ``complete_store`` of the rest, ``on_request_finished``.
 
 With ``data_plane=True`` real bytes move too: each stored block's row of the CPU KV buffer is
@@ -29,8 +30,14 @@ from .types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContex
 
 __all__ = ["ReplayResult", "replay", "block_bytes"]
 
-#: How many scheduler steps a replay waits for a PENDING block before counting it a miss.
-MAX_PENDING_STEPS = 64
+#: Scheduler steps a replay takes back to back for a PENDING block before it starts sleeping
+#: between steps (a synchronous tier's promotion lands within a step or two).
+FAST_PENDING_STEPS = 64
+#: Longest sleep between two steps while a block is PENDING (the wait doubles up to it).
+MAX_PENDING_SLEEP_S = 0.005
+#: A safety net only: a tiered manager resolves every PENDING answer within its
+#: ``promotion_timeout_s`` (docs/architecture.md); past this the block counts as a miss.
+MAX_PENDING_WAIT_S = 120.0
 
 
 class Manager(Protocol):
@@ -86,6 +93,29 @@ def block_bytes(keys: list[OffloadKey], size: int) -> npt.NDArray[np.uint8]:
     return np.tile(table, (1, -(-size // 16)))[:, :size]
 
 
+def _wait_pending(manager: Manager, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+    """Step the engine until ``key``'s lookup is no longer ``PENDING``: back to back at first,
+    then sleeping (doubling up to :data:`MAX_PENDING_SLEEP_S`) so a disk or network tier's
+    promotion has the time it takes; bounded by :data:`MAX_PENDING_WAIT_S`."""
+    pending = LookupResult.PENDING
+    result = pending
+    for _ in range(FAST_PENDING_STEPS):
+        manager.on_schedule_end()
+        result = manager.lookup(key, ctx)
+        if result is not pending:
+            return result
+    deadline = time.monotonic() + MAX_PENDING_WAIT_S
+    delay = 0.0001
+    while time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, MAX_PENDING_SLEEP_S)
+        manager.on_schedule_end()
+        result = manager.lookup(key, ctx)
+        if result is not pending:
+            return result
+    return LookupResult.MISS
+
+
 def replay(
     manager: Manager,
     requests: Iterable[tuple[ReqContext, list[OffloadKey]]],
@@ -109,11 +139,7 @@ def replay(
         for key in keys:
             result = lookup(key, ctx)
             if result is PENDING:
-                for _ in range(MAX_PENDING_STEPS):
-                    manager.on_schedule_end()
-                    result = lookup(key, ctx)
-                    if result is not PENDING:
-                        break
+                result = _wait_pending(manager, key, ctx)
                 if result is HIT:
                     promoted += 1
             if result is not HIT:

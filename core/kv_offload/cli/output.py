@@ -29,7 +29,10 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
     for tier, ratio in report["hit_ratio_by_tier"].items():
         print(f"  from {tier:<10} {ratio:.4f}")
     print(f"evictions        {report['evictions']}")
-    print(f"promotions       {report['promotions']} ({report['failed_promotions']} failed)")
+    print(
+        f"promotions       {report['promotions']} ({report['failed_promotions']} failed, "
+        f"{report['late_promotions']} landed after the replay stopped waiting)"
+    )
     print(f"cascaded blocks  {report['cascaded_blocks']}")
     moved = report["bytes_moved"]
     print(f"bytes moved      {moved['to_tiers']:,} to tiers, {moved['from_tiers']:,} from tiers")

@@ -61,6 +61,14 @@ def _report(stack: StackConfig, manager: OffloadingManager, result: ReplayResult
     cpu = manager.cpu_stats()
     tiers = manager.tier_stats()
     direct_hits = result.hit_blocks - result.promoted_hit_blocks
+    # A promotion that landed after the replay stopped waiting for it was no hit: each tier's
+    # share of the hits that came from promotions follows its share of landed promotions
+    # (exact with one tier), so the shares add up to the hit ratio.
+    landed = sum(t.promoted_blocks for t in tiers)
+    per_tier = {
+        t.name: result.promoted_hit_blocks * t.promoted_blocks / landed if landed else 0.0
+        for t in tiers
+    }
     return {
         "config": stack.source,
         "policy": stack.policy,
@@ -70,10 +78,14 @@ def _report(stack: StackConfig, manager: OffloadingManager, result: ReplayResult
         "hit_ratio": result.hit_ratio,
         "hit_ratio_by_tier": {
             "CPU": direct_hits / result.blocks if result.blocks else 0.0,
-            **{t.name: t.promoted_blocks / result.blocks if result.blocks else 0.0 for t in tiers},
+            **{
+                name: hits / result.blocks if result.blocks else 0.0
+                for name, hits in per_tier.items()
+            },
         },
         "evictions": cpu.evictions,
-        "promotions": sum(t.promoted_blocks for t in tiers),
+        "promotions": landed,
+        "late_promotions": landed - result.promoted_hit_blocks,
         "failed_promotions": sum(t.failed_promotions for t in tiers),
         "cascaded_blocks": sum(t.cascaded_blocks for t in tiers),
         "rejected_stores": result.rejected_stores,
@@ -104,17 +116,29 @@ def run(
             result = replay(
                 manager, requests, data_plane=manager.kv_buffer is not None, progress=bar.update
             )
-        report = _report(stack, manager, result)
     except BaseException:
         _shutdown_after_error(manager)
         raise
+    incomplete = None
+    drain = getattr(manager, "drain", None)  # a tiered stack: wait for every tier job
+    try:
+        if drain is not None:
+            drain()
+    except KVOffloadError as exc:
+        if not manager.has_pending_work():
+            _shutdown_after_error(manager)
+            raise
+        # A tier never reported its jobs: the measurements stand, marked incomplete.
+        incomplete = str(exc)
+    report = _report(stack, manager, result)  # after the drain: every reported job counted
     try:
         manager.shutdown()
     except KVOffloadError as exc:
-        if not manager.has_pending_work():
+        if incomplete is None and not manager.has_pending_work():
             raise
-        # A tier never reported its jobs: the measurements stand, marked incomplete.
-        report["incomplete"] = str(exc)
+        incomplete = incomplete or str(exc)
+    if incomplete is not None:
+        report["incomplete"] = incomplete
     return report
 
 
