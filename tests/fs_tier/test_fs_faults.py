@@ -102,7 +102,11 @@ def test_a_full_disk_fails_stores_and_the_stack_keeps_serving(
             write(*args)
 
         monkeypatch.setattr(_io, "write_block", fill_up)
-    m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)
+    if real:  # a capacity larger than the disk: the build warns with both figures
+        with pytest.warns(UserWarning, match="the capacity needs"):
+            m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)
+    else:
+        m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)
     tier = m.tiers[0]
     assert isinstance(tier, FileSystemTier)
     ctx = ReqContext("r")

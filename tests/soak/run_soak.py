@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child_main(args)
         return 0
-    ops_target = args.ops or (60_000 if args.short else 1_000_000)
+    ops_target = args.ops or (150_000 if args.short else 1_000_000)
     max_seconds = args.max_seconds or (420.0 if args.short else 3600.0)
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="kvo-soak-"))
@@ -269,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         order = list(KINDS)
         rng = random.Random(args.seed)
         cycle = 0
-        while soak.block_ops < ops_target and time.monotonic() - started < max_seconds:
+        # At least one cycle (every fault kind once, and the process kill), then more
+        # cycles until the block operations reach the target or the time limit.
+        while cycle == 0 or (
+            soak.block_ops < ops_target and time.monotonic() - started < max_seconds
+        ):
             rng.shuffle(order)
             for name in order:
                 soak.fault(name, baseline)
