@@ -21,9 +21,6 @@ from . import validation as check
 from .slots import without_block
 from .state import MEDIUM_CPU, CPUManagerState
 
-#: Refuses a batch holding a key that is not bytes-like (tiers write keys as bytes).
-_JOIN = b"".join
-
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
 _HIT, _MISS, _PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -58,8 +55,13 @@ class CPUOffloadingManager(CPUManagerState):
             raise check.closed_error("on_new_request")
         if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, "on_new_request")
-        if not self.fronts_tiers and getattr(req_context, "load_tier_filter", None) is not None:
-            check.no_tier_to_filter(req_context.load_tier_filter)
+        if not self.fronts_tiers:  # a CPU-only manager: a tier filter names missing tiers
+            try:
+                tier_filter = req_context.load_tier_filter
+            except AttributeError:
+                tier_filter = None
+            if tier_filter is not None:
+                check.no_tier_to_filter(tier_filter)
         if (hook := self.hooks.request_started) is not None:
             hook(manager=self, req_context=req_context)
 
@@ -241,10 +243,6 @@ class CPUOffloadingManager(CPUManagerState):
         if self._on_request_access is not None:
             self._on_request_access(key_list, req_context)
         to_store = without_block(key_list, blocks)
-        try:  # keys enter the cache here: bytes only (join is the cheapest C-level check)
-            _JOIN(to_store)
-        except TypeError:
-            raise check.not_bytes(to_store, "prepare_store") from None
         if self.reuse_filter is not None and not bypass_reuse_filter:
             admitted = self.reuse_filter.offer(key_list, to_store)
             self.counters.stores_skipped += len(to_store) - len(admitted)

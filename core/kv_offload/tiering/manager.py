@@ -23,7 +23,7 @@ from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded, new_entry_token
 from ..cpu import CPUOffloadingManager
-from ..cpu.validation import as_list, check_context, closed_error, short
+from ..cpu.validation import as_list, check_context, closed_error, not_bytes, short
 from ..errors import ConfigError, KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
@@ -51,6 +51,9 @@ logger = logging.getLogger("kv_offload.tiering")
 
 _MISS = LookupResult.MISS
 _PENDING = LookupResult.PENDING
+#: Refuses a batch holding a key that is not bytes-like: a tier writes keys as bytes, and one
+#: bad key in a cascade job would fail the good keys with it.
+_JOIN = b"".join
 
 
 class TieringOffloadingManager(OffloadingManager):
@@ -167,6 +170,11 @@ class TieringOffloadingManager(OffloadingManager):
         """The CPU tier's ``prepare_store``; if blocks pinned by finished cascades may be in
         the way, collect those tier results first. For a request some tiers
         want whole, its blocks already in the CPU tier are cascaded to those tiers."""
+        keys = keys if type(keys) is list else as_list(keys, "prepare_store")
+        try:  # keys reach the tiers from here: bytes only (join: the cheapest C-level check)
+            _JOIN(keys)
+        except TypeError:
+            raise not_bytes(keys, "prepare_store") from None
         primary = self.primary
         if len(self._jobs) and len(keys) > primary.num_storable_blocks:
             # Blocks pinned by finished cascades may be in the way: collect those results
