@@ -16,7 +16,13 @@ from pathlib import Path
 from .errors import ConfigError, InvalidKeyError
 from .keys import OffloadKey, make_offload_key
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "TraceRequest", "TraceError", "read_trace"]
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "TraceRequest",
+    "TraceError",
+    "arrival_seconds",
+    "read_trace",
+]
 
 #: Tokens per ``hash_ids`` block in the Mooncake traces.
 MOONCAKE_BLOCK_TOKENS = 512
@@ -38,6 +44,7 @@ class TraceRequest:
     keys: list[OffloadKey]
     timestamp: float | None = None
     partial_blocks: int = 0
+    line: int = 0
 
 
 def read_trace(
@@ -108,4 +115,31 @@ def read_trace(
                     except InvalidKeyError as exc:
                         raise TraceError(f"{path}:{lineno}: malformed trace line: {exc}") from None
                 keys.append(key)
-            yield TraceRequest(f"req-{lineno}", keys, timestamp, partial)
+            yield TraceRequest(f"req-{lineno}", keys, timestamp, partial, lineno)
+
+
+def arrival_seconds(records: list[TraceRequest], path: str | Path) -> list[float]:
+    """Each request's arrival in seconds (``timestamp`` is in milliseconds), for a timed
+    replay: a request without a timestamp, with one that is not a finite number >= 0, or
+    earlier than the request before it is a :class:`TraceError` naming ``file:line``."""
+    arrivals: list[float] = []
+    previous = 0.0
+    for record in records:
+        stamp = record.timestamp
+        where = f"{path}:{record.line}"
+        untimed = "replay it untimed with --speed max"
+        if stamp is None:
+            raise TraceError(f"{where}: the request has no 'timestamp' (ms); {untimed}")
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+            raise TraceError(f"{where}: 'timestamp' must be a number of ms, got {stamp!r}")
+        if not 0 <= stamp < float("inf"):
+            raise TraceError(f"{where}: 'timestamp' must be finite and >= 0, got {stamp!r}")
+        if stamp < previous:
+            raise TraceError(
+                f"{where}: 'timestamp' {stamp:g} goes back in time (the line before says "
+                f"{previous:g}); a timed replay needs lines in arrival order: sort the trace "
+                f"by timestamp, or {untimed}"
+            )
+        previous = float(stamp)
+        arrivals.append(stamp / 1000.0)
+    return arrivals

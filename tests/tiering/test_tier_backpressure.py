@@ -37,6 +37,7 @@ from kv_offload.tiering.backpressure import (
     DropAll,
     EMADetector,
     ThrottledDrop,
+    UtilizationDetector,
     detector_registry,
     drop_policy_registry,
 )
@@ -347,7 +348,9 @@ def ema_gate(clock: Clock, **options: Any) -> CascadeGate:
 
 def pressured(**options: Any) -> tuple[TieringOffloadingManager, HeldTier, CascadeGate, Clock]:
     """A stack whose tier went under pressure: one store (block 0) held 2 ms, far above the
-    1 us per MiB high-water mark (alpha 1: the last store is the average)."""
+    1 us per MiB high-water mark (alpha 1: the last store is the average). A job counts from
+    its submission to the last poll that found it unfinished (one engine step less than to
+    the poll that collects it: the step is the engine's cadence, not the tier's time)."""
     clock = Clock()
     gate = ema_gate(clock, warmup=0, alpha=1.0, high_water_s_per_mib=1e-6,
                     low_water_s_per_mib=1e-7, **options)  # fmt: skip
@@ -355,6 +358,7 @@ def pressured(**options: Any) -> tuple[TieringOffloadingManager, HeldTier, Casca
     m.on_new_request(CTX)
     store(m, 0)
     time.sleep(0.002)  # a slow store: way above 1 us per MiB
+    m.on_schedule_end()  # still held 2 ms after its submission
     tier.release()
     m.on_schedule_end()
     return m, tier, gate, clock
@@ -613,3 +617,95 @@ def test_a_tier_10x_slower_than_cascades_leaves_the_cpu_hit_ratio_alone() -> Non
     assert gated["peak_cascades_in_flight"] <= bound
     assert gated["peak_jobs_in_flight"] <= bound
     assert gated["dropped_cascades"] > 0 and gated["cascaded_blocks"] > 0
+
+
+# -- issue 25: the engine's step is not the tier's time; the utilization detector ----------
+
+
+def test_a_fast_tier_collected_once_per_engine_step_is_not_under_pressure() -> None:
+    """A tier that finishes each cascade at once, collected every 10 ms as an engine's step
+    collects it: before, each 4 KiB job counted 10 ms (0.16 s/MiB, 16x the local high water
+    mark) and the gate dropped every cascade after the warm-up."""
+    manager = build_manager(
+        {
+            "num_blocks": 400,
+            "block_size_bytes": 4096,
+            "tiers": [{"type": "example", "backpressure": {"warmup": 2}}],
+        }
+    )
+    try:
+        for step in range(20):
+            ctx = ReqContext(f"r{step}")
+            manager.on_new_request(ctx)
+            store(manager, *range(step * 15, step * 15 + 15), ctx=ctx)
+            manager.on_request_finished(ctx)
+            time.sleep(0.01)
+            manager.on_schedule_end()
+        stats = manager.tier_stats()[0]
+        assert stats.dropped_cascades == 0 and stats.cascaded_blocks == 300
+        assert stats.backpressure["under_pressure"] == 0.0
+    finally:
+        manager.shutdown()
+
+
+def utilization(clock: Clock, **options: Any) -> UtilizationDetector:
+    return UtilizationDetector(clock=clock, **{"window_s": 1.0, **options})
+
+
+def test_utilization_is_the_busy_share_of_the_window() -> None:
+    clock = Clock()
+    detector = utilization(clock)
+    clock.now += 0.5
+    detector.on_store_completed(0.25, 4096)  # busy [100.25, 100.5]
+    assert detector.utilization() == pytest.approx(0.5)  # 0.25 of the 0.5 s so far
+    clock.now += 1.0  # the window is [100.5, 101.5]: nothing busy in it
+    assert detector.utilization() == 0.0
+    detector.on_store_completed(0.6, 4096)  # busy [100.9, 101.5]
+    detector.on_store_completed(0.3, 4096)  # inside it: merged, nothing added
+    assert detector.utilization() == pytest.approx(0.6)
+
+
+def test_utilization_pressure_has_warmup_and_hysteresis() -> None:
+    clock = Clock()
+    detector = utilization(clock, high_water_utilization=0.9, low_water_utilization=0.5)
+    clock.now += 0.5
+    detector.on_store_completed(0.5, 4096)  # busy the whole time, but still warming up
+    assert not detector.under_pressure()
+    clock.now += 0.6
+    detector.on_store_completed(0.6, 4096)  # 100% of the window
+    assert detector.under_pressure() and detector.overshoot() == pytest.approx(1.0)
+    clock.now += 0.3  # 70% busy: between the marks, still under pressure
+    assert detector.under_pressure()
+    clock.now += 0.3  # 40%: released
+    assert not detector.under_pressure()
+    detector.reset()
+    assert detector.utilization() == 0.0 and not detector.under_pressure()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"high_water_utilization": 1.5}, "<= 1"),
+        ({"high_water_utilization": 0.5, "low_water_utilization": 0.6}, "low_water_utilization"),
+        ({"window_s": 0}, "window_s"),
+        ({"high_water_utilization": "x"}, "high_water_utilization"),
+    ],
+)
+def test_bad_utilization_options(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        UtilizationDetector(**options)
+
+
+def test_utilization_detector_is_a_built_in_by_name() -> None:
+    assert detector_registry.resolve("utilization") is UtilizationDetector
+    manager = build_manager(
+        {
+            "num_blocks": 8,
+            "block_size_bytes": 64,
+            "tiers": [{"type": "example", "backpressure": {"detector": "utilization"}}],
+        }
+    )
+    try:
+        assert "utilization" in manager.tier_stats()[0].backpressure
+    finally:
+        manager.shutdown()

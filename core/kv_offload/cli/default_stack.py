@@ -41,7 +41,7 @@ FS_DISTRIBUTION = "kv-offload-fs-tier"
 FS_TIER: dict[str, Any] = {
     "type": "fs",
     "capacity_blocks": 20000,
-    "backpressure": {"max_in_flight_jobs": 32},
+    "backpressure": {"detector": "utilization", "max_in_flight_jobs": 32},
 }
 _PREFIX = "kv-offload-default-"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["print_replay_report", "table"]
+__all__ = ["print_fleet_report", "print_replay_report", "table"]
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:
@@ -29,10 +29,13 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
     for tier, ratio in report["hit_ratio_by_tier"].items():
         print(f"  from {tier:<10} {ratio:.4f}")
     print(f"evictions        {report['evictions']}")
-    print(
-        f"promotions       {report['promotions']} ({report['failed_promotions']} failed, "
-        f"{report['late_promotions']} landed after the replay stopped waiting)"
-    )
+    if report.get("timed"):
+        _print_timed(report)
+    else:
+        print(
+            f"promotions       {report['promotions']} ({report['failed_promotions']} failed, "
+            f"{report['late_promotions']} landed after the replay stopped waiting)"
+        )
     print(f"cascaded blocks  {report['cascaded_blocks']}")
     moved = report["bytes_moved"]
     print(f"bytes moved      {moved['to_tiers']:,} to tiers, {moved['from_tiers']:,} from tiers")
@@ -44,3 +47,113 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
     print(
         f"throughput       {report['blocks_per_second']:,.0f} blocks/s ({report['seconds']:.2f} s)"
     )
+    if report.get("timed"):
+        for tier, row in report["tiers"].items():
+            print(f"tier {tier}:")
+            print(
+                f"  demand         {_rate(row['demand_bytes_per_s_1x'])} at 1x, "
+                f"{_rate(row['demand_bytes_per_s_at_speed'])} at {report['speed']:g}x"
+            )
+            print(
+                f"  achieved       {_rate(row['achieved_bytes_per_s'])} while busy "
+                f"({row['busy_seconds']:.2f} s busy, {row['jobs']} jobs)"
+            )
+            print(f"  verdict        {row['verdict']}")
+        if not report["engine_keeps_up"]:
+            print(
+                f"NOTE: the replay loop itself fell behind the trace at {report['speed']:g}x "
+                f"(requests admitted up to {report['admission_lag_s']['max']:.2f} s late): "
+                "lower --speed for figures about the tiers"
+            )
+    elif report["cascaded_blocks"] or report["promotions"]:
+        print(
+            "NOTE: untimed replay (--speed max): tier jobs had far less time than at the "
+            "trace's pace; add --speed 30 for what the tiers serve at a real pace"
+        )
+
+
+def _print_timed(report: dict[str, Any]) -> None:
+    print(
+        f"clock            {report['speed']:g}x real time: {report['trace_seconds']:.0f} s of "
+        f"trace in {report['seconds']:.1f} s, {report['steps']} engine steps"
+    )
+    print(f"load wait        {report['load_wait']}")
+    print(
+        f"promotions       {report['promotions']} landed ({report['failed_promotions']} failed), "
+        f"{report['late_blocks']} blocks late (PENDING when their request stopped waiting)"
+    )
+    latency = report["promotion_latency_s"]
+    if latency["count"]:
+        print(
+            f"promotion wait   p50 {latency['p50'] * 1000:.1f} ms, p99 "
+            f"{latency['p99'] * 1000:.1f} ms, max {latency['max'] * 1000:.1f} ms "
+            f"({latency['count']} blocks)"
+        )
+    print(f"dropped cascades {report['dropped_cascade_blocks']} blocks (backpressure)")
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    from ..config_memory import human
+
+    return f"{human(int(value))}/s"
+
+
+def print_fleet_report(report: dict[str, Any], trace: object, note: str) -> None:
+    """The text form of a fleet replay's report (``--engines N``)."""
+    fleet = report["fleet"]
+    if report["incomplete"] is not None:
+        print(f"INCOMPLETE: {report['incomplete']}")
+    print(
+        f"config {report['config']}: policy {report['policy']!r}, {report['num_blocks']} CPU "
+        f"blocks per engine"
+    )
+    shared = ", ".join(fleet["shared_tiers"]) or "none"
+    private = ", ".join(fleet["private_tiers"]) or "none"
+    print(
+        f"fleet            {fleet['engines']} engines, router {fleet['router']!r}; shared "
+        f"tiers: {shared}; private tiers: {private}"
+    )
+    if fleet["note"]:
+        print(f"  note: {fleet['note']}")
+    print(f"trace {trace}: {report['requests']} requests, {report['blocks']} blocks")
+    print(f"  {note}")
+    print(
+        f"clock            {report['speed']:g}x real time: {report['trace_seconds']:.0f} s of "
+        f"trace in {report['seconds']:.1f} s"
+    )
+    print(f"load wait        {report['load_wait']}")
+    print(f"hit ratio        {report['hit_ratio']:.4f}")
+    for tier, ratio in report["hit_ratio_by_tier"].items():
+        print(f"  from {tier:<10} {ratio:.4f}")
+    print(f"shared tiers     {report['shared_tier_share']:.4f} of all blocks")
+    print(f"late blocks      {report['late_blocks']}")
+    if report["verified_blocks"]:
+        print(
+            f"bytes verified   {report['verified_blocks']} blocks read back, "
+            f"{report['corrupted_blocks']} corrupted"
+        )
+    rows = []
+    for row in report["engines"]:
+        if row["status"] == "ok":
+            rows.append(
+                [
+                    str(row["engine"]),
+                    "ok",
+                    str(row["requests"]),
+                    f"{row['hit_ratio']:.4f}",
+                    ", ".join(f"{t} {r:.4f}" for t, r in row["hit_ratio_by_tier"].items()),
+                ]
+            )
+        else:
+            rows.append(
+                [
+                    str(row["engine"]),
+                    "FAILED",
+                    f"{row['requests_sent']} sent, {row['lost_requests']} lost",
+                    "-",
+                    row["reason"],
+                ]
+            )
+    print(table(rows, ["engine", "status", "requests", "hit ratio", "from"]))

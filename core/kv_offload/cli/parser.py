@@ -32,6 +32,38 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _speed(text: str) -> float | None:
+    """``--speed``: a positive finite multiple of real time, or ``max`` (untimed: None)."""
+    if text.strip().lower() == "max":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a number: {text!r} (a multiple of real time such as 30, or max)"
+        ) from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive finite multiple of real time (or max), got {text}"
+        )
+    return value
+
+
+def _option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE``; the value is a number when it reads as one."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    parsed: object = value
+    for kind in (int, float):
+        try:
+            parsed = kind(value)
+            break
+        except ValueError:
+            continue
+    return key.strip(), parsed
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -153,6 +185,54 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=_positive_int, help="replay only the first N lines")
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
+    clock = p.add_argument_group(
+        "clock",
+        "a timed replay keeps the trace's timestamps: requests arrive at their time, the "
+        "engine steps in real time, tier jobs take the time they take",
+    )
+    clock.add_argument(
+        "--speed",
+        type=_speed,
+        default=None,
+        metavar="X",
+        help="replay at X times the trace's real time (30: the bundled 59-minute trace in "
+        "2 minutes); max (the default) replays as fast as the stack goes, untimed",
+    )
+    clock.add_argument(
+        "--load-wait",
+        default="timeout",
+        metavar="NAME",
+        help="how long a request waits for blocks a tier is still promoting: best_effort, "
+        "timeout (default), wait_complete, or an installed kv_offload.load_wait plugin",
+    )
+    clock.add_argument(
+        "--load-wait-option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the load-wait policy (timeout: base_s=0.2, per_1k_tokens_s=0.02)",
+    )
+    clock.add_argument(
+        "--engines",
+        type=_positive_int,
+        metavar="N",
+        help="a fleet: N engine processes, each with its own CPU tier and private tiers, "
+        "sharing the stack's shared tiers (Redis); needs --speed",
+    )
+    clock.add_argument(
+        "--router",
+        metavar="NAME",
+        help="which engine takes each request: round-robin (default), hash (of the first "
+        "block: session affinity), least-loaded, or an installed kv_offload.routers plugin",
+    )
+    clock.add_argument(
+        "--step-ms",
+        type=_positive_float,
+        default=10.0,
+        metavar="MS",
+        help="the engine's step when nothing slows it (default 10 ms)",
+    )
     p.add_argument(
         "--metrics-port",
         type=_positive_int,

@@ -7,16 +7,21 @@ import json
 import sys
 from dataclasses import replace
 from importlib import metadata
+from typing import Any
 
 from ..config import StackConfig, resolve_config
-from ..errors import KVOffloadError
+from ..errors import ConfigError, KVOffloadError
+from ..fleet import EngineSettings, finish_timeout, plan_fleet, router_registry, run_fleet
+from ..load_wait import build_load_wait
 from ..plugins import HOOK_ENTRY_POINT_GROUP
 from .default_stack import stack_for
-from .output import print_replay_report
-from .running import Trace, run
+from .output import print_fleet_report, print_replay_report
+from .running import Clock, Trace, progress_bar, run
 
 __all__ = ["METRICS_PLUGIN", "cmd_replay"]
 
+#: The router of ``--engines N`` without ``--router``: what a plain load balancer does.
+DEFAULT_ROUTER = "round-robin"
 #: The hook plugin ``--metrics-port`` configures, and the distribution that provides it.
 METRICS_PLUGIN = ("prometheus", "kv-offload-prometheus")
 
@@ -44,7 +49,87 @@ def _with_metrics(stack: StackConfig, port: int, addr: str) -> StackConfig:
     return stack
 
 
+def _clock(args: argparse.Namespace) -> Clock | None:
+    """The timed replay's settings, or None for ``--speed max``; load-wait options without a
+    timed replay are refused rather than ignored."""
+    if args.speed is None:
+        given = [o for o in ("load_wait_option",) if getattr(args, o)]
+        if given or args.load_wait != "timeout":
+            raise ConfigError(
+                "--load-wait and --load-wait-option apply to a timed replay: add --speed X "
+                "(e.g. --speed 30)"
+            )
+        return None
+    policy = build_load_wait(args.load_wait, dict(args.load_wait_option))
+    return Clock(args.speed, policy, args.step_ms / 1000.0)
+
+
+def _check_fleet_options(args: argparse.Namespace) -> None:
+    if args.engines is None:
+        if args.router is not None:
+            raise ConfigError("--router applies to a fleet: add --engines N (and --speed X)")
+        return
+    if args.speed is None:
+        raise ConfigError(
+            "a fleet replay is timed (its engines run side by side in real time): add "
+            "--speed X, e.g. --speed 30"
+        )
+    if args.metrics_port is not None:
+        raise ConfigError(
+            "--metrics-port serves one process's metrics; a fleet has one per engine: "
+            "drop --metrics-port, or configure the prometheus hook plugin per engine"
+        )
+
+
+def _run_fleet(args: argparse.Namespace, stack: StackConfig, trace: Trace) -> dict[str, Any]:
+    name = args.router or DEFAULT_ROUTER
+    router = router_registry.resolve(name)()
+    plan = plan_fleet(stack, args.engines)
+    note = plan.note()
+    if note is not None and args.json:  # the text report says it too
+        print(f"note: {note}", file=sys.stderr)
+    settings = EngineSettings(
+        load_wait=args.load_wait,
+        load_wait_options=dict(args.load_wait_option),
+        block_tokens=trace.tokens_per_block,
+        step_s=args.step_ms / 1000.0,
+        speed=args.speed,
+    )
+    assert trace.timed is not None  # --speed given: the trace was read with its clock
+    with progress_bar(len(trace.timed), args.progress, "fleet", "req") as bar:
+        report = run_fleet(
+            plan,
+            trace.timed,
+            router=router,
+            settings=settings,
+            finish_timeout_s=finish_timeout(stack),
+            progress=bar.update,
+        )
+    report["fleet"]["router"] = name
+    report["config"] = stack.source
+    report["policy"] = stack.policy
+    report["num_blocks"] = stack.num_blocks
+    report["load_wait"] = build_load_wait(args.load_wait, dict(args.load_wait_option)).describe()
+    return report
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    clock = _clock(args)
+    _check_fleet_options(args)
+    if args.engines is not None:
+        with stack_for(args) as stack:
+            if args.drain_timeout is not None:
+                stack = replace(stack, drain_timeout_s=args.drain_timeout)
+            trace = Trace(args)
+            report = _run_fleet(args, stack, trace)
+        report.update(trace.describe())
+        failed = report["failed_engines"] or report["incomplete"] is not None
+        status = 0 if report["corrupted_blocks"] == 0 and not failed else 1
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_fleet_report(report, args.trace, trace.note())
+        return status
     with stack_for(args) as stack:
         if args.metrics_port is not None:
             stack = _with_metrics(stack, args.metrics_port, args.metrics_addr)
@@ -56,7 +141,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.drain_timeout is not None:
             stack = replace(stack, drain_timeout_s=args.drain_timeout)
         trace = Trace(args)
-        report = run(stack, trace.requests, args.progress, "replay")
+        report = run(stack, trace.requests, args.progress, "replay", clock=clock, trace=trace)
     report.update(trace.describe())
     report.setdefault("incomplete", None)
     status = 0 if report["corrupted_blocks"] == 0 and report["incomplete"] is None else 1

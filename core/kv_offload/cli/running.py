@@ -6,17 +6,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from ..base import OffloadingManager
 from ..build import build_manager
 from ..config import StackConfig
 from ..errors import KVOffloadError
+from ..load_wait import LoadWaitPolicy
 from ..replay import ReplayResult, replay
-from ..trace import read_trace
+from ..replay_clock import (
+    ReplayProbe,
+    TimedReplayResult,
+    TimedRequest,
+    register_probe,
+    replay_timed,
+)
+from ..replay_report import latency_summary, tier_throughput
+from ..trace import arrival_seconds, read_trace
 from ..types import ReqContext
 
-__all__ = ["Trace", "run"]
+__all__ = ["Clock", "Trace", "progress_bar", "run"]
 
 logger = logging.getLogger("kv_offload.cli")
 
@@ -29,6 +39,14 @@ class Trace:
         records = list(read_trace(args.trace, args.limit, block_tokens=self.block_tokens))
         self.requests = [(ReqContext(r.req_id), r.keys) for r in records]
         self.partial_blocks = sum(r.partial_blocks for r in records)
+        #: Tokens per block, for load-wait budgets (the trace's, partial blocks or not).
+        self.tokens_per_block: int = args.block_tokens
+        self.timed: list[TimedRequest] | None = None
+        if getattr(args, "speed", None) is not None:  # a timed replay: arrival times needed
+            arrivals = arrival_seconds(records, args.trace)
+            self.timed = [
+                TimedRequest(ctx, keys, at) for (ctx, keys), at in zip(self.requests, arrivals)
+            ]
 
     def describe(self) -> dict[str, Any]:
         return {"block_tokens": self.block_tokens, "partial_blocks_left_out": self.partial_blocks}
@@ -42,19 +60,28 @@ class Trace:
         )
 
 
-def _progress(total: int, enabled: bool | None, label: str) -> Any:
+def progress_bar(total: int, enabled: bool | None, label: str, unit: str = "blk") -> Any:
     """A progress bar on stderr; ``enabled=None`` shows it only when stderr is a terminal."""
     from tqdm import tqdm
 
     return tqdm(
         total=total,
-        unit="blk",
+        unit=unit,
         unit_scale=True,
         desc=label,
         disable=None if enabled is None else not enabled,  # None: only on a terminal
         file=sys.stderr,
         leave=False,
     )
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A timed replay's settings (``kv-offload replay --speed``)."""
+
+    speed: float
+    load_wait: LoadWaitPolicy
+    step_s: float
 
 
 def _report(stack: StackConfig, manager: OffloadingManager, result: ReplayResult) -> dict[str, Any]:
@@ -105,18 +132,43 @@ def run(
     requests: list[tuple[ReqContext, list[Any]]],
     show: bool | None,
     label: str,
+    *,
+    clock: Clock | None = None,
+    trace: Trace | None = None,
 ) -> dict[str, Any]:
     """Build ``stack``, replay ``requests`` through it (real bytes when it has a KV buffer),
     shut it down and return the report. A tier that never reported its jobs marks the report
-    ``incomplete`` instead of failing it: the measurements stand."""
+    ``incomplete`` instead of failing it: the measurements stand. With ``clock`` the replay
+    keeps the trace's time (``trace.timed``; :mod:`kv_offload.replay_clock`)."""
     manager = build_manager(stack)
     total = sum(len(keys) for _, keys in requests)
+    probe = ReplayProbe()
+    unregister = register_probe(manager, probe)
+    timed: TimedReplayResult | None = None
     try:
-        with _progress(total, show, label) as bar:
-            result = replay(
-                manager, requests, data_plane=manager.kv_buffer is not None, progress=bar.update
-            )
+        with progress_bar(total, show, label) as bar:
+            if clock is not None and trace is not None and trace.timed is not None:
+                timed = replay_timed(
+                    manager,
+                    trace.timed,
+                    speed=clock.speed,
+                    load_wait=clock.load_wait,
+                    block_tokens=trace.tokens_per_block,
+                    step_s=clock.step_s,
+                    data_plane=manager.kv_buffer is not None,
+                    probe=probe,
+                    progress=bar.update,
+                )
+                result = _as_replay_result(timed)
+            else:
+                result = replay(
+                    manager,
+                    requests,
+                    data_plane=manager.kv_buffer is not None,
+                    progress=bar.update,
+                )
     except BaseException:
+        unregister()
         _shutdown_after_error(manager)
         raise
     incomplete = None
@@ -131,6 +183,9 @@ def run(
         # A tier never reported its jobs: the measurements stand, marked incomplete.
         incomplete = str(exc)
     report = _report(stack, manager, result)  # after the drain: every reported job counted
+    if timed is not None and clock is not None:
+        report.update(_timed_report(stack, manager, timed, probe, clock))
+    unregister()
     try:
         manager.shutdown()
     except KVOffloadError as exc:
@@ -140,6 +195,64 @@ def run(
     if incomplete is not None:
         report["incomplete"] = incomplete
     return report
+
+
+def _as_replay_result(timed: TimedReplayResult) -> ReplayResult:
+    return ReplayResult(
+        timed.requests,
+        timed.blocks,
+        timed.hit_blocks,
+        timed.promoted_hit_blocks,
+        timed.stored_blocks,
+        timed.rejected_stores,
+        timed.verified_blocks,
+        timed.corrupted_blocks,
+        timed.seconds,
+    )
+
+
+def _timed_report(
+    stack: StackConfig,
+    manager: OffloadingManager,
+    timed: TimedReplayResult,
+    probe: ReplayProbe,
+    clock: Clock,
+) -> dict[str, Any]:
+    """The figures only a timed replay has (they replace the untimed attribution of hits)."""
+    blocks = timed.blocks
+    by_tier = {"CPU": timed.hits_by_origin.get("CPU", 0) / blocks if blocks else 0.0}
+    tiers = manager.tier_stats()
+    for t in tiers:
+        by_tier[t.name] = timed.hits_by_origin.get(t.name, 0) / blocks if blocks else 0.0
+    block_bytes = stack.block_size_bytes or 0
+    lags = timed.admission_lags
+    last_done = max((job.done for job in probe.jobs), default=timed.started + timed.seconds)
+    span = max(last_done, timed.started + timed.seconds) - timed.started
+    return {
+        "timed": True,
+        "speed": timed.speed,
+        "load_wait": clock.load_wait.describe(),
+        "step_seconds": clock.step_s,
+        "trace_seconds": timed.trace_seconds,
+        "steps": timed.steps,
+        "hit_ratio_by_tier": by_tier,
+        # Blocks PENDING when their request stopped waiting: misses for it.
+        "late_blocks": timed.late_blocks,
+        "waited_requests": timed.waited_requests,
+        "late_promotions": None,  # the untimed replay's figure; see late_blocks
+        "dropped_cascade_blocks": sum(t.dropped_blocks for t in tiers),
+        "promotion_latency_s": latency_summary(timed.promotion_latencies),
+        "admission_lag_s": latency_summary(lags),
+        # The engine loop itself kept the trace's pace: no request admitted later than a
+        # step after its arrival (a loop slower than the trace says nothing about tiers).
+        "engine_keeps_up": not lags or max(lags) <= max(4 * clock.step_s, 0.05),
+        "tiers": {
+            t.name: tier_throughput(
+                t.name, probe.jobs, t, block_bytes, timed.trace_seconds, timed.speed, span
+            )
+            for t in tiers
+        },
+    }
 
 
 def _shutdown_after_error(manager: Any) -> None:

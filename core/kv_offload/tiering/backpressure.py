@@ -17,6 +17,16 @@ consecutive failed jobs put the tier under pressure too.
 The default water marks, by the tier's ``locality``, are :data:`DEFAULT_WATER_MARKS`: the one
 place they are written (the plugin guide prints them in a table a test checks against it).
 
+The other built-in detector, ``utilization``, asks whether the tier keeps up with the traffic
+rather than how fast each job is: the share of the last ``window_s`` seconds during which at
+least one cascade job was in flight (each job from its submission to when it finished, as
+:class:`~kv_offload.tiering.jobs.JobTable` times it). A tier busy more than
+``high_water_utilization`` of the time has no headroom left: it is under pressure until its
+share falls below ``low_water_utilization``. Per-job seconds per MiB cannot say that: a disk
+whose 4 KiB blocks each cost a file's open and rename moves few MiB per second per job yet
+takes a trace's cascades with time to spare, and one job's latency says nothing about how
+many jobs a tier runs at once.
+
 The built-in drop policies: ``throttled`` drops a share of cascades growing with the
 overshoot (0 at the high water mark, all of them at ``1 + ramp`` times it; the fractions
 accumulate, so a drop rate of 0.25 drops exactly every fourth cascade), ``drop_all`` drops
@@ -39,6 +49,7 @@ __all__ = [
     "DETECTOR_ENTRY_POINT_GROUP",
     "DROP_POLICY_ENTRY_POINT_GROUP",
     "DropAll",
+    "UtilizationDetector",
     "DropPolicy",
     "EMADetector",
     "ThrottledDrop",
@@ -185,6 +196,84 @@ class EMADetector(BackpressureDetector):
 
     def stats(self) -> dict[str, float]:
         return {"store_s_per_mib": self.ema, "under_pressure": float(self._pressure)}
+
+
+class UtilizationDetector(BackpressureDetector):
+    """The share of the last ``window_s`` seconds the tier had a cascade job in flight, with
+    hysteresis (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        high_water_utilization: float = 0.9,
+        low_water_utilization: float = 0.7,
+        window_s: float = 2.0,
+        locality: Locality = Locality.LOCAL,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(locality=locality, clock=clock)
+        self.high = _number("high_water_utilization", high_water_utilization, 0.9, positive=True)
+        self.low = _number("low_water_utilization", low_water_utilization, 0.7)
+        if not self.low <= self.high <= 1:
+            raise ConfigError(
+                f"backpressure: need low_water_utilization ({self.low}) <= "
+                f"high_water_utilization ({self.high}) <= 1"
+            )
+        self.window_s = _number("window_s", window_s, 2.0, positive=True)
+        self.reset()
+
+    def reset(self) -> None:
+        #: Busy intervals (start, end) ending inside the window, merged, oldest first.
+        self._busy: list[tuple[float, float]] = []
+        self._pressure = False
+        self._since = self.clock()
+
+    def on_store_completed(self, seconds: float, nbytes: int) -> None:
+        end = self.clock()
+        start = end - max(seconds, 0.0)
+        busy = self._busy
+        if busy and start <= busy[-1][1]:
+            busy[-1] = (min(busy[-1][0], start), max(busy[-1][1], end))
+        else:
+            busy.append((start, end))
+        self._update()
+
+    def utilization(self) -> float:
+        """Busy share of the last ``window_s`` seconds (of the time since the start or the
+        last reset, while that is shorter)."""
+        now = self.clock()
+        begin = now - self.window_s
+        busy = self._busy
+        while busy and busy[0][1] <= begin:
+            busy.pop(0)
+        span = min(self.window_s, now - self._since)
+        if span <= 0:
+            return 0.0
+        covered = sum(min(end, now) - max(start, begin) for start, end in busy)
+        return min(1.0, max(0.0, covered / span))
+
+    def _update(self) -> None:
+        if self.clock() - self._since < self.window_s:
+            return  # warm-up: one window before any verdict
+        share = self.utilization()
+        if share > self.high:
+            self._pressure = True
+        elif share < self.low:
+            self._pressure = False
+
+    def under_pressure(self) -> bool:
+        if self._pressure:
+            self._update()  # the window slides on while every cascade is dropped
+        return self._pressure
+
+    def overshoot(self) -> float:
+        if not self.under_pressure():
+            return 0.0
+        headroom = max(1.0 - self.high, 1e-9)
+        return max(0.0, self.utilization() - self.high) / headroom
+
+    def stats(self) -> dict[str, float]:
+        return {"utilization": self.utilization(), "under_pressure": float(self._pressure)}
 
 
 class DropPolicy(ABC):

@@ -100,9 +100,15 @@ class SecondaryTierManager(ABC):
     name) describe the tier for per-request tier filters and the backpressure defaults;
     ``None`` means unknown (a filter's matcher then matches it). ``cascade_gate`` is set by
     the factory from the tier's ``backpressure`` table (``None``: cascades never dropped).
+
+    ``shared_across_engines`` (a class attribute) says whether every engine built from the
+    same config reaches the same blocks (a server such as Redis) rather than a store private
+    to its process (its memory, a directory it manages alone): a fleet replay shares the
+    former between its engines and gives each engine its own of the latter.
     """
 
     medium: ClassVar[Medium | None] = None
+    shared_across_engines: ClassVar[bool] = False
     locality: Locality | None = None
     cascade_gate: CascadeGate | None = None
 

@@ -299,13 +299,16 @@ class FileSystemTier(SecondaryTierManager):
                 index.move_to_end(key)
 
     def _refuse(self, job: JobMetadata, kind: str, message: str) -> None:
-        """Fail ``job`` before any I/O (nothing was reserved)."""
+        """Fail ``job`` before any I/O (nothing was reserved). A load of a block evicted since
+        its lookup (``missing``) is a race every bounded tier has, not a fault: the manager
+        answers the key MISS; it is logged at DEBUG, counted in ``failed_load_jobs``."""
         if job.direction is JobDirection.STORE:
             self._stats.failed_store_jobs += 1
             self._count(self._stats.store_errors, kind)
         else:
             self._stats.failed_load_jobs += 1
-        logger.warning(
+        logger.log(
+            logging.DEBUG if kind == "missing" else logging.WARNING,
             "tier %r: %s job %d (%d blocks) failed: %s",
             self.name,
             job.direction.value,

@@ -99,6 +99,9 @@ def _constructor_defaults() -> dict[str, Any]:
 class RedisTier(SecondaryTierManager):
     """``[[tiers]] type = "redis"``; every keyword argument is a config key (README)."""
 
+    #: Every engine with the same ``url`` and ``namespace`` reaches the same blocks.
+    shared_across_engines = True
+
     @classmethod
     def validate_arguments(cls, **arguments: Any) -> None:
         """The keys as written, as the constructor checks them (url form and db, numbers,

@@ -1,0 +1,172 @@
+"""One engine of a fleet replay: a process of its own with its own stack, fed by the
+dispatcher through a queue (:mod:`kv_offload.fleet.dispatch`).
+
+The engine builds its manager from the stack it was given (its private tiers already moved to
+their own directories), says it is ready, then runs :func:`kv_offload.replay_clock.run_engine`
+on the requests the dispatcher sends it, each stamped with its arrival time
+(``time.monotonic`` is one clock for every process of a machine). Each step it reports how many
+requests it finished (the dispatcher's ``least-loaded`` router reads that); at the end it
+drains its tier jobs and sends a plain-data summary. Anything that goes wrong is sent as an
+error line before the process exits, so the dispatcher can say which engine and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ..build import build_manager
+from ..config import StackConfig
+from ..errors import KVOffloadError
+from ..load_wait import build_load_wait
+from ..replay_clock import (
+    Engine,
+    ReplayProbe,
+    TimedReplayResult,
+    TimedRequest,
+    register_probe,
+    run_engine,
+)
+from ..replay_report import latency_summary
+
+__all__ = ["EngineSettings", "QueueArrivals", "engine_main"]
+
+#: Messages an engine sends the dispatcher: (kind, engine index, payload).
+READY, FINISHED, RESULT, ERROR = "ready", "finished", "result", "error"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every engine of a fleet shares besides its stack."""
+
+    load_wait: str
+    load_wait_options: dict[str, Any]
+    block_tokens: int
+    step_s: float
+    speed: float
+
+
+class QueueArrivals:
+    """Requests the dispatcher sent, as ``(request, arrival)``; ``None`` ends them."""
+
+    def __init__(self, inbox: Any) -> None:
+        self._inbox = inbox
+        self._closed = False
+
+    def due(self, now: float) -> list[tuple[TimedRequest, float]]:
+        out: list[tuple[TimedRequest, float]] = []
+        while not self._closed:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._closed = True
+            else:
+                out.append(item)
+        return out
+
+    def next_at(self, now: float) -> float:
+        return float("inf")  # unknown: the loop steps meanwhile, as an idle engine does
+
+    def exhausted(self) -> bool:
+        return self._closed
+
+
+def engine_main(
+    index: int, stack: StackConfig, settings: EngineSettings, inbox: Any, outbox: Any
+) -> None:
+    """The engine process's body (a ``multiprocessing`` target)."""
+    try:
+        manager = build_manager(stack)
+    except BaseException as exc:  # the dispatcher says which engine could not start and why
+        outbox.put((ERROR, index, _why(exc)))
+        return
+    try:
+        probe = ReplayProbe()
+        register_probe(manager, probe)
+        policy = build_load_wait(settings.load_wait, settings.load_wait_options)
+        engine = Engine(
+            manager,
+            policy,
+            settings.block_tokens,
+            manager.kv_buffer is not None,
+            probe,
+            None,
+        )
+        engine.result.speed = settings.speed
+        outbox.put((READY, index, None))
+
+        def report(finished: int) -> None:
+            if finished:
+                outbox.put((FINISHED, index, finished))
+
+        result = run_engine(engine, QueueArrivals(inbox), step_s=settings.step_s, on_step=report)
+        incomplete = _drain(manager)
+        summary = _summary(result, manager, probe, incomplete)
+        manager.shutdown()
+        outbox.put((RESULT, index, summary))
+    except BaseException as exc:
+        outbox.put((ERROR, index, _why(exc)))
+        with contextlib.suppress(Exception):  # the first error is the one reported
+            manager.shutdown()
+
+
+def _drain(manager: Any) -> str | None:
+    """Wait for the tier jobs; a tier that never reports marks the summary incomplete."""
+    drain = getattr(manager, "drain", None)
+    if drain is None:
+        return None
+    try:
+        drain()
+    except KVOffloadError as exc:
+        return str(exc)
+    return None
+
+
+def _summary(
+    result: TimedReplayResult, manager: Any, probe: ReplayProbe, incomplete: str | None
+) -> dict[str, Any]:
+    tiers = manager.tier_stats()
+    return {
+        "requests": result.requests,
+        "blocks": result.blocks,
+        "hit_blocks": result.hit_blocks,
+        "hits_by_origin": dict(result.hits_by_origin),
+        "late_blocks": result.late_blocks,
+        "stored_blocks": result.stored_blocks,
+        "rejected_stores": result.rejected_stores,
+        "verified_blocks": result.verified_blocks,
+        "corrupted_blocks": result.corrupted_blocks,
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "promotion_latencies": result.promotion_latencies,
+        "promotion_latency_s": latency_summary(result.promotion_latencies),
+        "admission_lag_max_s": max(result.admission_lags, default=0.0),
+        "evictions": manager.cpu_stats().evictions,
+        "tiers": {
+            t.name: {
+                "promoted_blocks": t.promoted_blocks,
+                "failed_promotions": t.failed_promotions,
+                "cascaded_blocks": t.cascaded_blocks,
+                "dropped_blocks": t.dropped_blocks,
+                "bytes_written": t.bytes_written,
+                "bytes_read": t.bytes_read,
+            }
+            for t in tiers
+        },
+        "tier_jobs": len(probe.jobs),
+        "incomplete": incomplete,
+        "finished_at": time.monotonic(),
+    }
+
+
+def _why(exc: BaseException) -> str:
+    """One line: the error, and where in kv-offload or a plugin it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"

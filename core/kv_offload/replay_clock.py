@@ -1,0 +1,403 @@
+"""A timed replay: requests arrive at the trace's pace and an engine loop steps in real time.
+
+:func:`kv_offload.replay.replay` runs a trace as fast as the manager goes, which says nothing
+about a disk or a network: their jobs take real time, and at a thousand times the trace's pace
+a backpressure gate rightly drops nearly every cascade. Here the trace's ``timestamp`` (ms) is
+the clock, scaled by ``speed``:
+
+* request ``r`` arrives ``r.arrival_s / speed`` seconds of wall time after the start;
+* the engine steps every ``step_s`` seconds (sooner never; later when a step's work takes
+  longer, and then the lag is measured): it admits the requests that arrived, schedules every
+  waiting request it can, and ends the step with ``on_schedule_end()``, which submits the
+  step's promotions and collects finished tier jobs;
+* scheduling a request looks its blocks up in prefix order up to the first ``MISS``: the
+  ``HIT`` blocks before the first ``PENDING`` one are its hits; blocks further on that a tier
+  holds are asked too, so one step queues the request's whole promotion (one job per tier);
+* a request with a ``PENDING`` block waits, asked again each step, until none of its prefix is
+  ``PENDING`` or its load-wait budget (:mod:`kv_offload.load_wait`) is spent; blocks still
+  ``PENDING`` then are misses for it, counted as *late* (their promotions still land);
+* then, as in the untimed replay: load and verify the hits, store the rest, finish.
+
+Tier jobs run on the tiers' own threads meanwhile. Every wait is bounded: a request's wait by
+its budget and the manager's promotion deadline, the loop by :data:`MAX_REQUEST_WAIT_S`.
+
+Where a hit came from: a block the engine stored is a CPU hit; the first hit on a block a
+promotion brought in counts for that tier (later hits on it would have been CPU hits without
+the tier too). :class:`ReplayProbe`, a hook plugin registered for the run, sees the promotions
+land and every tier job finish (bytes and seconds, for the tier's achieved throughput).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import ConfigError
+from .keys import OffloadKey
+from .load_wait import LoadWaitPolicy
+from .plugins.hookspecs import hookimpl
+from .replay import Manager, block_bytes
+from .types import LookupResult, ReqContext
+
+__all__ = [
+    "Arrivals",
+    "DEFAULT_STEP_S",
+    "Engine",
+    "TraceArrivals",
+    "check_clock",
+    "run_engine",
+    "MAX_REQUEST_WAIT_S",
+    "ReplayProbe",
+    "TimedReplayResult",
+    "TimedRequest",
+    "TierJob",
+    "register_probe",
+    "replay_timed",
+]
+
+#: An engine step when nothing slows it down (vLLM's steps take 10-50 ms on a GPU).
+DEFAULT_STEP_S = 0.01
+#: A safety net only: a request still waiting this long (wall seconds) stops waiting.
+#: The manager resolves every ``PENDING`` answer within its ``promotion_timeout_s``.
+MAX_REQUEST_WAIT_S = 120.0
+CPU = "CPU"
+
+_HIT = LookupResult.HIT
+_PENDING = LookupResult.PENDING
+
+
+@dataclass(frozen=True)
+class TimedRequest:
+    """A request of a timed replay: its context, prefix keys and arrival (trace seconds)."""
+
+    ctx: ReqContext
+    keys: list[OffloadKey]
+    arrival_s: float
+
+
+@dataclass(frozen=True)
+class TierJob:
+    """One finished tier job as :class:`ReplayProbe` saw it (``done`` is ``time.monotonic``
+    when the manager collected it, ``seconds`` the time since its submission)."""
+
+    tier: str
+    direction: str
+    nbytes: int
+    seconds: float
+    done: float
+    success: bool
+
+
+class ReplayProbe:
+    """A hook plugin the replay registers for its run: which tier each promoted block came
+    from, and every finished tier job."""
+
+    def __init__(self) -> None:
+        self.origin: dict[OffloadKey, str] = {}
+        self.jobs: list[TierJob] = []
+
+    @hookimpl
+    def kv_offload_blocks_loaded(self, keys: list[OffloadKey], medium: str) -> None:
+        if medium != CPU:  # a promotion landed in the CPU tier
+            origin = self.origin
+            for key in keys:
+                origin[key] = medium
+
+    @hookimpl
+    def kv_offload_tier_job_finished(
+        self, tier: str, direction: str, success: bool, nbytes: int, seconds: float
+    ) -> None:
+        self.jobs.append(TierJob(tier, direction, nbytes, seconds, time.monotonic(), success))
+
+
+@dataclass
+class TimedReplayResult:
+    """What a timed replay measured; wall-clock figures in seconds."""
+
+    requests: int = 0
+    blocks: int = 0
+    hit_blocks: int = 0
+    #: Hits by where the block came from: ``"CPU"`` or a tier's name (first hit after its
+    #: promotion landed).
+    hits_by_origin: Counter[str] = field(default_factory=Counter)
+    late_blocks: int = 0
+    waited_requests: int = 0
+    stored_blocks: int = 0
+    rejected_stores: int = 0
+    verified_blocks: int = 0
+    corrupted_blocks: int = 0
+    steps: int = 0
+    #: ``time.monotonic()`` (the replay's clock) at the start.
+    started: float = 0.0
+    seconds: float = 0.0
+    trace_seconds: float = 0.0
+    speed: float = 1.0
+    #: Seconds from a block's first ``PENDING`` answer to the ``HIT`` its request used.
+    promotion_latencies: list[float] = field(default_factory=list)
+    #: Seconds between a request's arrival and the step that admitted it.
+    admission_lags: list[float] = field(default_factory=list)
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hit_blocks / self.blocks if self.blocks else 0.0
+
+    @property
+    def promoted_hit_blocks(self) -> int:
+        return self.hit_blocks - self.hits_by_origin.get(CPU, 0)
+
+    @property
+    def blocks_per_second(self) -> float:
+        return self.blocks / self.seconds if self.seconds else 0.0
+
+
+class _Waiting:
+    """A request admitted and not yet scheduled."""
+
+    __slots__ = ("budget", "pending_since", "request", "since")
+
+    def __init__(self, request: TimedRequest) -> None:
+        self.request = request
+        self.since: float | None = None  # wall time it first found a PENDING block
+        self.budget = 0.0
+        self.pending_since: dict[OffloadKey, float] = {}
+
+
+class Engine:
+    """One engine's request handling (lookups, waiting, loads, stores); one per run.
+    :func:`run_engine` steps it."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        load_wait: LoadWaitPolicy,
+        block_tokens: int,
+        data_plane: bool,
+        probe: ReplayProbe,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.manager = manager
+        self.load_wait = load_wait
+        self.block_tokens = block_tokens
+        self.buffer = manager.kv_buffer if data_plane else None
+        if data_plane and self.buffer is None:
+            raise ConfigError(
+                "data_plane replay needs a manager with a KV buffer (block_size_bytes)"
+            )
+        self.size = self.buffer.block_size_bytes if self.buffer is not None else 0
+        self.probe = probe
+        self.progress = progress
+        self.result = TimedReplayResult()
+
+    def schedule(self, waiting: _Waiting, now: float) -> bool:
+        """Look the request up; run it (True) unless it waits for promotions (False)."""
+        request = waiting.request
+        ctx, keys = request.ctx, request.keys
+        lookup = self.manager.lookup
+        hits = 0
+        pending: list[OffloadKey] = []
+        for key in keys:
+            answer = lookup(key, ctx)
+            if answer is _HIT:
+                if not pending:
+                    hits += 1
+            elif answer is _PENDING:
+                pending.append(key)
+            else:
+                break
+        if pending:
+            since = waiting.pending_since
+            for key in pending:
+                since.setdefault(key, now)
+            if waiting.since is None:
+                waiting.since = now
+                waiting.budget = min(
+                    self.load_wait.budget_s(len(keys), self.block_tokens), MAX_REQUEST_WAIT_S
+                )
+                if waiting.budget > 0:
+                    self.result.waited_requests += 1
+            if now - waiting.since < waiting.budget:
+                return False
+            self.result.late_blocks += len(pending)
+        self.run_request(waiting, hits)
+        return True
+
+    def run_request(self, waiting: _Waiting, hits: int) -> None:
+        """Load (and verify) the request's ``hits`` first blocks, store the rest, finish."""
+        manager, result, buffer = self.manager, self.result, self.buffer
+        ctx, keys = waiting.request.ctx, waiting.request.keys
+        if hits:
+            hit_keys = keys[:hits]
+            spec = manager.prepare_load(hit_keys, ctx)
+            if buffer is not None:
+                got = buffer.read_blocks(spec.block_ids)
+                expected = block_bytes(hit_keys, self.size)
+                result.corrupted_blocks += int(np.count_nonzero((got != expected).any(axis=1)))
+                result.verified_blocks += hits
+            manager.complete_load(hit_keys, ctx)
+            manager.touch(hit_keys, ctx)
+            origin = self.probe.origin
+            by_origin = result.hits_by_origin
+            since = waiting.pending_since
+            now = time.monotonic()
+            for key in hit_keys:
+                by_origin[origin.pop(key, CPU)] += 1
+                started = since.get(key)
+                if started is not None:
+                    result.promotion_latencies.append(now - started)
+        if hits < len(keys):
+            out = manager.prepare_store(keys[hits:], ctx)
+            if out is None:
+                result.rejected_stores += 1
+            elif out.keys_to_store:
+                stored = out.keys_to_store
+                if buffer is not None:
+                    buffer.write_blocks(out.store_spec.block_ids, block_bytes(stored, self.size))
+                manager.complete_store(stored, ctx)
+                origin = self.probe.origin
+                for key in stored:  # stored by the engine: a later hit is the CPU tier's
+                    origin.pop(key, None)
+                result.stored_blocks += len(stored)
+        manager.on_request_finished(ctx)
+        result.requests += 1
+        result.blocks += len(keys)
+        result.hit_blocks += hits
+        if self.progress is not None:
+            self.progress(len(keys))
+
+
+class Arrivals(Protocol):
+    """Where an engine loop's requests come from: the trace's clock (:class:`TraceArrivals`)
+    or, in a fleet, a router feeding each engine (:mod:`kv_offload.fleet`)."""
+
+    def due(self, now: float) -> list[tuple[TimedRequest, float]]:
+        """The requests arrived by ``now`` (``time.monotonic``), each with its arrival."""
+        ...
+
+    def next_at(self, now: float) -> float:
+        """When the next request may arrive (``now`` or later; ``math.inf``: none known)."""
+        ...
+
+    def exhausted(self) -> bool:
+        """No request will arrive any more."""
+        ...
+
+
+class TraceArrivals:
+    """The trace's requests at ``speed`` times their pace, from ``start`` on."""
+
+    def __init__(self, requests: Sequence[TimedRequest], speed: float, start: float) -> None:
+        self._pending = deque(requests)
+        self._first = requests[0].arrival_s if requests else 0.0
+        self._speed = speed
+        self._start = start
+
+    def _at(self, request: TimedRequest) -> float:
+        return self._start + (request.arrival_s - self._first) / self._speed
+
+    def due(self, now: float) -> list[tuple[TimedRequest, float]]:
+        pending = self._pending
+        out = []
+        while pending and self._at(pending[0]) <= now:
+            request = pending.popleft()
+            out.append((request, self._at(request)))
+        return out
+
+    def next_at(self, now: float) -> float:
+        return max(now, self._at(self._pending[0])) if self._pending else math.inf
+
+    def exhausted(self) -> bool:
+        return not self._pending
+
+
+def run_engine(
+    engine: Engine,
+    arrivals: Arrivals,
+    *,
+    step_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_step: Callable[[int], None] | None = None,
+) -> TimedReplayResult:
+    """Step ``engine`` in real time until ``arrivals`` is exhausted and no request waits:
+    admit what arrived, schedule what can run, end the step, sleep to the next one.
+    ``on_step`` hears how many requests each step finished (a fleet reports its load)."""
+    manager, result = engine.manager, engine.result
+    waiting: list[_Waiting] = []
+    lags = result.admission_lags
+    start = result.started = clock()
+    next_step = start
+    while not arrivals.exhausted() or waiting:
+        now = clock()
+        if not waiting:
+            # Idle: step until the next arrival so tier jobs keep being collected.
+            wake = min(arrivals.next_at(now), next_step)
+            if wake > now:
+                sleep(wake - now)
+                now = clock()
+        for request, arrived in arrivals.due(now):
+            lags.append(now - arrived)
+            manager.on_new_request(request.ctx)
+            waiting.append(_Waiting(request))
+        finished = len(waiting)
+        if waiting:
+            waiting = [w for w in waiting if not engine.schedule(w, now)]
+        finished -= len(waiting)
+        manager.on_schedule_end()
+        result.steps += 1
+        if on_step is not None:
+            on_step(finished)
+        next_step = max(next_step + step_s, now)
+        delay = next_step - clock()
+        if delay > 0 and waiting:
+            sleep(delay)
+    result.seconds = clock() - start
+    return result
+
+
+def check_clock(speed: float, step_s: float) -> None:
+    """Refuse a speed or step that is not a positive finite number."""
+    if isinstance(speed, bool) or not (isinstance(speed, (int, float)) and 0 < speed < math.inf):
+        raise ConfigError(f"speed must be a positive finite number, got {speed!r}")
+    if isinstance(step_s, bool) or not (isinstance(step_s, (int, float)) and 0 < step_s < math.inf):
+        raise ConfigError(f"step_s must be a positive finite number, got {step_s!r}")
+
+
+def replay_timed(
+    manager: Manager,
+    requests: Sequence[TimedRequest],
+    *,
+    speed: float,
+    load_wait: LoadWaitPolicy,
+    block_tokens: int,
+    step_s: float = DEFAULT_STEP_S,
+    data_plane: bool = False,
+    probe: ReplayProbe | None = None,
+    progress: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TimedReplayResult:
+    """Replay ``requests`` (sorted by ``arrival_s``) at ``speed`` times the trace's pace; see
+    the module docstring. ``probe`` must be registered on the manager's plugin manager for
+    the run (its hooks attribute hits to tiers); without one every hit counts as the CPU's."""
+    check_clock(speed, step_s)
+    engine = Engine(manager, load_wait, block_tokens, data_plane, probe or ReplayProbe(), progress)
+    engine.result.speed = float(speed)
+    if requests:
+        engine.result.trace_seconds = requests[-1].arrival_s - requests[0].arrival_s
+    arrivals = TraceArrivals(requests, float(speed), clock())
+    return run_engine(engine, arrivals, step_s=step_s, clock=clock, sleep=sleep)
+
+
+def register_probe(manager: Any, probe: ReplayProbe) -> Callable[[], None]:
+    """Register ``probe`` on ``manager``'s plugin manager; returns the undo."""
+    pm = getattr(manager, "plugin_manager", None)
+    if pm is None:
+        return lambda: None
+    pm.register(probe, name=f"kv-offload-replay-probe-{id(probe)}")
+    return lambda: pm.unregister(probe)

@@ -1,0 +1,145 @@
+"""The figures of a timed replay's report that need more than counting: latency percentiles,
+each tier's achieved throughput against what the trace demands of it, and the plain verdict
+a user planning a deployment reads ("fs keeps up to about 40x real time at 256 KiB blocks").
+
+A tier's demand is what the trace asks of it: every block cascaded to it (those its gate
+dropped included) and every block promoted from it, in bytes, over the trace's duration (1x)
+and over the replay's (the chosen speed). Its throughput is the bytes it moved over the time
+it was busy: the union of its jobs' intervals, each from submission to the step that collected
+its result. Collection happens at step ends, so a job looks up to one step longer than it was:
+the throughput is a lower bound, exact once the tier is saturated (then its jobs overlap and
+the union is the whole run). Hence the verdict: a tier that dropped nothing keeps up at the
+chosen speed and *at least* to its throughput's multiple; one that dropped cascades keeps up to
+about its throughput's multiple of the 1x demand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .config_memory import human
+from .replay_clock import TierJob
+
+__all__ = ["busy_seconds", "latency_summary", "tier_throughput"]
+
+
+def latency_summary(samples: Sequence[float]) -> dict[str, float | int | None]:
+    """``count``, ``p50``, ``p99`` and ``max`` of ``samples`` (seconds; ``None`` if empty)."""
+    if not samples:
+        return {"count": 0, "p50": None, "p99": None, "max": None}
+    ordered = sorted(samples)
+    return {
+        "count": len(ordered),
+        "p50": _percentile(ordered, 0.50),
+        "p99": _percentile(ordered, 0.99),
+        "max": ordered[-1],
+    }
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    """The nearest-rank percentile of sorted ``ordered``."""
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+def busy_seconds(jobs: Iterable[TierJob]) -> float:
+    """The length of the union of the jobs' intervals ``[done - seconds, done]``."""
+    intervals = sorted((job.done - job.seconds, job.done) for job in jobs)
+    total = 0.0
+    end = -math.inf
+    for lo, hi in intervals:
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total
+
+
+def tier_throughput(
+    name: str,
+    jobs: Sequence[TierJob],
+    stats: Any,
+    block_bytes: int,
+    trace_seconds: float,
+    speed: float,
+    span_s: float,
+) -> dict[str, Any]:
+    """One tier's row of the report: demand at 1x and at ``speed``, throughput, verdict.
+    ``span_s`` is the wall time from the replay's start to its last collected job."""
+    mine = [job for job in jobs if job.tier == name]
+    dropped = stats.dropped_blocks
+    moved = stats.bytes_written + stats.bytes_read
+    demanded = moved + (dropped + stats.failed_cascades) * block_bytes
+    busy = busy_seconds(mine)
+    achieved = moved / busy if busy > 0 else None
+    demand_1x = demanded / trace_seconds if trace_seconds > 0 else None
+    demand_speed = demand_1x * speed if demand_1x is not None else None
+    keeps_up_to = achieved / demand_1x if achieved is not None and demand_1x else None
+    utilization = min(1.0, busy / span_s) if span_s > 0 else 0.0
+    keeps_up = dropped == 0 and utilization <= SATURATED
+    offered = stats.cascaded_blocks + dropped
+    return {
+        "demanded_bytes": demanded,
+        "moved_bytes": moved,
+        "demand_bytes_per_s_1x": demand_1x,
+        "demand_bytes_per_s_at_speed": demand_speed,
+        "achieved_bytes_per_s": achieved,
+        "busy_seconds": busy,
+        "utilization": utilization,
+        "jobs": len(mine),
+        "dropped_blocks": dropped,
+        "keeps_up_to_x": keeps_up_to,
+        "keeps_up": keeps_up,
+        "verdict": _verdict(
+            name, keeps_up, dropped, offered, utilization, speed, keeps_up_to, block_bytes, achieved
+        ),
+    }
+
+
+#: A tier busy (a job in flight) more than this share of the replay has no headroom left.
+SATURATED = 0.9
+
+
+def _verdict(
+    name: str,
+    keeps_up: bool,
+    dropped: int,
+    offered: int,
+    utilization: float,
+    speed: float,
+    keeps_up_to: float | None,
+    block_bytes: int,
+    achieved: float | None,
+) -> str:
+    size = _size(block_bytes)
+    if keeps_up_to is None or achieved is None:
+        return f"{name}: moved nothing, so no verdict (nothing was cascaded to or promoted from it)"
+    rate = f"{human(int(achieved))}/s"
+    if keeps_up:
+        bound = max(keeps_up_to, speed)
+        return (
+            f"{name} keeps up at {speed:g}x real time (busy {utilization:.0%} of the time, "
+            f"nothing dropped); moving {rate} while busy, it keeps up to at least about "
+            f"{bound:.0f}x real time at {size} blocks"
+        )
+    why = (
+        f"{dropped} of {offered} cascaded blocks dropped"
+        if dropped
+        else f"busy {utilization:.0%} of the time, its jobs queue"
+    )
+    return (
+        f"{name} falls behind at {speed:g}x real time ({why}); it moved {rate} while busy: "
+        f"it keeps up to about {keeps_up_to:.1f}x real time at {size} blocks"
+    )
+
+
+def _size(n: int) -> str:
+    """``256 KiB``: block sizes in binary units, as they are configured."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:g} {unit}"
+        value /= 1024
+    return f"{value:g} GiB"
