@@ -8,9 +8,13 @@ and over the replay's (the chosen speed). Its throughput is the bytes it moved o
 it was busy: the union of its jobs' intervals, each from submission to the step that collected
 its result. Collection happens at step ends, so a job looks up to one step longer than it was:
 the throughput is a lower bound, exact once the tier is saturated (then its jobs overlap and
-the union is the whole run). Hence the verdict: a tier that dropped nothing keeps up at the
-chosen speed and *at least* to its throughput's multiple; one that dropped cascades keeps up to
-about its throughput's multiple of the 1x demand.
+the union is the whole run).
+
+Hence the verdict: a tier keeps up when it dropped at most 1% of its cascades and was busy at
+most 90% of the run; then it keeps up at the chosen speed and *at least* to its throughput's
+multiple of the 1x demand. Otherwise it falls behind, and keeps up to about that multiple
+(exact once saturated). A replay loop that itself fell behind the trace (the report says so)
+measured the loop, not the tier: lower ``--speed``.
 """
 
 from __future__ import annotations
@@ -78,8 +82,8 @@ def tier_throughput(
     demand_speed = demand_1x * speed if demand_1x is not None else None
     keeps_up_to = achieved / demand_1x if achieved is not None and demand_1x else None
     utilization = min(1.0, busy / span_s) if span_s > 0 else 0.0
-    keeps_up = dropped == 0 and utilization <= SATURATED
     offered = stats.cascaded_blocks + dropped
+    keeps_up = dropped <= DROP_TOLERANCE * offered and utilization <= SATURATED
     return {
         "demanded_bytes": demanded,
         "moved_bytes": moved,
@@ -100,6 +104,8 @@ def tier_throughput(
 
 #: A tier busy (a job in flight) more than this share of the replay has no headroom left.
 SATURATED = 0.9
+#: Cascades a tier may drop and still keep up: a burst's few, not a steady shedding.
+DROP_TOLERANCE = 0.01
 
 
 def _verdict(
@@ -119,9 +125,10 @@ def _verdict(
     rate = f"{human(int(achieved))}/s"
     if keeps_up:
         bound = max(keeps_up_to, speed)
+        shed = f"{dropped} of {offered} cascaded blocks dropped" if dropped else "nothing dropped"
         return (
             f"{name} keeps up at {speed:g}x real time (busy {utilization:.0%} of the time, "
-            f"nothing dropped); moving {rate} while busy, it keeps up to at least about "
+            f"{shed}); moving {rate} while busy, it keeps up to at least about "
             f"{bound:.0f}x real time at {size} blocks"
         )
     why = (

@@ -25,6 +25,7 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
     )
     print(f"trace {trace}: {report['requests']} requests, {report['blocks']} blocks")
     print(f"  {note}")
+    _print_geometry(report)
     print(f"hit ratio        {report['hit_ratio']:.4f}")
     for tier, ratio in report["hit_ratio_by_tier"].items():
         print(f"  from {tier:<10} {ratio:.4f}")
@@ -124,6 +125,7 @@ def print_fleet_report(report: dict[str, Any], trace: object, note: str) -> None
         f"trace in {report['seconds']:.1f} s"
     )
     print(f"load wait        {report['load_wait']}")
+    _print_geometry(report)
     print(f"hit ratio        {report['hit_ratio']:.4f}")
     for tier, ratio in report["hit_ratio_by_tier"].items():
         print(f"  from {tier:<10} {ratio:.4f}")
@@ -157,3 +159,15 @@ def print_fleet_report(report: dict[str, Any], trace: object, note: str) -> None
                 ]
             )
     print(table(rows, ["engine", "status", "requests", "hit ratio", "from"]))
+
+
+def _print_geometry(report: dict[str, Any]) -> None:
+    """The block size when one was chosen on the command line, and what was scaled."""
+    geometry = report.get("geometry")
+    if not geometry or geometry["source"] == "the config's block_size_bytes":
+        return
+    from ..geometry import Geometry, describe_scaling
+
+    print(f"block size       {geometry['block_bytes']:,} bytes ({geometry['source']})")
+    for line in describe_scaling(Geometry(**geometry)):
+        print(f"  {line}")

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..config_env import ALLOW_MODULE_PATH_ENV
+from ..geometry import MODEL_PRESETS
 from ..trace import MOONCAKE_BLOCK_TOKENS
 from .compare_cmd import cmd_compare
 from .default_stack import DEFAULT_NAME
@@ -212,6 +213,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a setting of the load-wait policy (timeout: base_s=0.2, per_1k_tokens_s=0.02)",
+    )
+    geometry = p.add_argument_group(
+        "geometry",
+        "the bytes a block really is; a stack that does not fit this machine at that size is "
+        "scaled (fewer blocks, same bytes per block) and the report says so",
+    )
+    geometry.add_argument(
+        "--block-bytes",
+        metavar="SIZE",
+        help="bytes per block (256KiB, 2MiB, ...) instead of the config's block_size_bytes",
+    )
+    geometry.add_argument(
+        "--model",
+        metavar="NAME",
+        help="bytes per block from a model's KV cache per token x the trace's block tokens: "
+        f"{', '.join(MODEL_PRESETS)}",
+    )
+    geometry.add_argument(
+        "--cpu-bytes",
+        metavar="SIZE",
+        help="size the CPU tier in bytes (16GiB) rather than the config's num_blocks",
     )
     clock.add_argument(
         "--engines",

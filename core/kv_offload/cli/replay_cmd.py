@@ -12,6 +12,7 @@ from typing import Any
 from ..config import StackConfig, resolve_config
 from ..errors import ConfigError, KVOffloadError
 from ..fleet import EngineSettings, finish_timeout, plan_fleet, router_registry, run_fleet
+from ..geometry import Geometry, apply_geometry, describe_scaling, parse_size
 from ..load_wait import build_load_wait
 from ..plugins import HOOK_ENTRY_POINT_GROUP
 from .default_stack import stack_for
@@ -113,6 +114,28 @@ def _run_fleet(args: argparse.Namespace, stack: StackConfig, trace: Trace) -> di
     return report
 
 
+def _geometry(
+    args: argparse.Namespace, stack: StackConfig, engines: int
+) -> tuple[StackConfig, Geometry]:
+    """The stack at ``--block-bytes`` / ``--model`` / ``--cpu-bytes``, scaled to fit (said
+    on stderr at once: a scaled replay takes a while and the user should know why)."""
+    stack, geometry = apply_geometry(
+        stack,
+        block_tokens=args.block_tokens,
+        block_bytes=None
+        if args.block_bytes is None
+        else parse_size(args.block_bytes, "--block-bytes"),
+        model=args.model,
+        cpu_bytes=None if args.cpu_bytes is None else parse_size(args.cpu_bytes, "--cpu-bytes"),
+        engines=engines,
+    )
+    for line in describe_scaling(geometry):
+        print(line, file=sys.stderr)
+    if stack.tiers or geometry.scaled or args.block_bytes or args.model or args.cpu_bytes:
+        resolve_config(stack)  # the scaled stack is checked like a config (memory, tiers)
+    return stack, geometry
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     clock = _clock(args)
     _check_fleet_options(args)
@@ -120,8 +143,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         with stack_for(args) as stack:
             if args.drain_timeout is not None:
                 stack = replace(stack, drain_timeout_s=args.drain_timeout)
+            stack, geometry = _geometry(args, stack, args.engines)
             trace = Trace(args)
             report = _run_fleet(args, stack, trace)
+            report["geometry"] = geometry.as_dict()
         report.update(trace.describe())
         failed = report["failed_engines"] or report["incomplete"] is not None
         status = 0 if report["corrupted_blocks"] == 0 and not failed else 1
@@ -140,8 +165,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
             )
         if args.drain_timeout is not None:
             stack = replace(stack, drain_timeout_s=args.drain_timeout)
+        stack, geometry = _geometry(args, stack, 1)
         trace = Trace(args)
         report = run(stack, trace.requests, args.progress, "replay", clock=clock, trace=trace)
+        report["geometry"] = geometry.as_dict()
     report.update(trace.describe())
     report.setdefault("incomplete", None)
     status = 0 if report["corrupted_blocks"] == 0 and report["incomplete"] is None else 1
