@@ -231,3 +231,21 @@ def test_cli_timed_replay_of_a_trace_without_timestamps(tmp_path: Path) -> None:
     )
     assert timed.returncode != 0 and "t.jsonl:1" in timed.stderr and "--speed max" in timed.stderr
     assert untimed.returncode == 0, untimed.stderr
+
+
+def test_a_replay_loop_slower_than_the_trace_says_so(tmp_path: Path) -> None:
+    """100 requests of 1 MiB blocks, all due within a millisecond: the loop cannot admit
+    them on time, and the report says its figures are about the loop, not the tiers."""
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'num_blocks = 64\nblock_size_bytes = 4096\n[[tiers]]\ntype = "example"\n'
+        "capacity_blocks = 64\n"
+    )
+    args = ["--limit", "100", "--speed", "1000000", "--block-bytes", "1MiB"]
+    text, as_json = kvo_many(
+        ["replay", config, TRACE, *args], ["replay", config, TRACE, *args, "--json"]
+    )
+    assert text.returncode == 0, text.stderr
+    assert "NOTE: the replay loop itself fell behind the trace" in text.stdout
+    report = json.loads(as_json.stdout)
+    assert report["engine_keeps_up"] is False and report["admission_lag_s"]["p99"] > 0.1

@@ -63,7 +63,7 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
         if not report["engine_keeps_up"]:
             print(
                 f"NOTE: the replay loop itself fell behind the trace at {report['speed']:g}x "
-                f"(requests admitted up to {report['admission_lag_s']['max']:.2f} s late): "
+                f"(1% of requests admitted over {report['admission_lag_s']['p99']:.2f} s late): "
                 "lower --speed for figures about the tiers"
             )
     elif report["cascaded_blocks"] or report["promotions"]:
