@@ -87,10 +87,17 @@ class ReplayResult:
 
 
 def block_bytes(keys: list[OffloadKey], size: int) -> npt.NDArray[np.uint8]:
-    """Deterministic contents for blocks: each row repeats a digest of its key."""
+    """Deterministic contents for blocks: each row repeats a digest of its key.
+
+    Written in one pass (a broadcast into the rows): at MiB-sized blocks this pattern is most
+    of a replay's own work, and ``np.tile`` would write it twice."""
     digests = b"".join(hashlib.blake2b(key, digest_size=16).digest() for key in keys)
     table = np.frombuffer(digests, np.uint8).reshape(len(keys), 16)
-    return np.tile(table, (1, -(-size // 16)))[:, :size]
+    whole, rest = divmod(size, 16)
+    out = np.empty((len(keys), size), np.uint8)
+    out[:, : whole * 16].reshape(len(keys), whole, 16)[:] = table[:, None, :]
+    out[:, whole * 16 :] = table[:, :rest]
+    return out
 
 
 def _wait_pending(manager: Manager, key: OffloadKey, ctx: ReqContext) -> LookupResult:
