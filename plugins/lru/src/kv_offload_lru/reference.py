@@ -17,7 +17,6 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
-
 from kv_offload.policies.request_access import RequestAccessLog
 
 __all__ = ["ReferenceLRUCachePolicy", "ReferencePrefixLRUCachePolicy"]

@@ -150,9 +150,8 @@ class VLLMARCCachePolicy(CachePolicy):
     def remove(self, key: OffloadKey) -> None:
         """A failed store: the block goes, leaving no ghost."""
         self._requests.settle()
-        if self._resident.pop(key, None) is not None:
-            if self._t1.pop(key, None) is None:
-                del self._t2[key]
+        if self._resident.pop(key, None) is not None and self._t1.pop(key, None) is None:
+            del self._t2[key]
 
     def evict(
         self, n: int, protected: set[OffloadKey]
