@@ -26,6 +26,8 @@ from kv_offload import CPUOffloadingManager, ReqContext
 vllm_manager = require_vllm("vllm.v1.kv_offload.cpu.manager")
 vllm_base = require_vllm("vllm.v1.kv_offload.base")
 
+import kv_offload_vllm  # noqa: E402 - after the skip: the bridge is useless without vLLM
+
 #: kv-offload policy -> the vLLM 0.33 built-in it claims to equal.
 PAIRS = {"prefix-lru": "lru", "vllm-arc": "arc"}
 STEPS = 3000
@@ -33,7 +35,7 @@ SEEDS = range(4)
 MODES = ("none", "all", "partial")
 
 
-def vllm_side(manager: Any) -> Side:
+def vllm_side(manager: Any, name: str = "vLLM") -> Side:
     """A :class:`Side` for vLLM's ``CPUOffloadingManager``: its counters are the fields its
     own ``get_stats`` reads (resident chunks, chunks being written, evictable chunks)."""
     result = vllm_base.LookupResult
@@ -53,7 +55,7 @@ def vllm_side(manager: Any) -> Side:
         return (resident, manager._num_write_pending_chunks, manager._num_evictable_cache_chunks)
 
     return Side(
-        "vLLM",
+        name,
         manager,
         vllm_base.ReqContext,
         answers.__getitem__,
@@ -95,6 +97,29 @@ def test_equal_to_vllms_policy_after_every_step(
     assert report.steps == STEPS
     assert report.hits > 0 and report.evicted_blocks > 0 and report.rejected_stores > 0
     assert report.failed_stores > 0 and report.finished > 0 and report.resets > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bridged_prefix_lru_inside_vllms_manager_equals_vllms_lru(seed: int, mode: str) -> None:
+    """The same claim inside vLLM: ``kvo_prefix-lru`` through the bridge, in vLLM's manager,
+    next to vLLM's ``lru`` (the bridge reads key positions from vLLM's context, and names the
+    storing request to the policy when vLLM reports no miss for a store)."""
+    capacity = (4, 12, 8, 16)[seed % 4]
+    sides = [
+        vllm_side(vllm_manager.CPUOffloadingManager(capacity, "lru", enable_events=True)),
+        vllm_side(
+            vllm_manager.CPUOffloadingManager(
+                capacity,
+                cache_policy="kvo_prefix-lru",
+                cache_policy_module_path=kv_offload_vllm.POLICY_MODULE_PATH,
+                enable_events=True,
+            ),
+            "kvo_prefix-lru",
+        ),
+    ]
+    report = run_flow(sides, seed, STEPS, mode, capacity=capacity, groups=1 + seed % 2)
+    assert report.evicted_blocks > 0 and report.hits > 0
 
 
 @pytest.mark.parametrize("mode", MODES)
