@@ -100,11 +100,14 @@ class PrefixLRUCachePolicy(CachePolicy):
 
     def _refresh(self, keys: Iterable[OffloadKey]) -> None:
         """A fresh rank for each resident key, in order (the last one newest)."""
-        blocks = self._blocks
+        ranks, idle, heap, clock = self._ranks, self._idle, self._heap, self._clock
         for key in keys:
-            if key in blocks:
-                self._clock += 1
-                self._set_rank(key, (self._clock, 0))
+            if key in ranks:
+                clock += 1
+                ranks[key] = (clock, 0)
+                if key in idle:
+                    heapq.heappush(heap, (clock, 0, key))
+        self._clock = clock
         self._compact()
 
     def _request_rank(self, req_context: ReqContext) -> int:
@@ -179,10 +182,12 @@ class PrefixLRUCachePolicy(CachePolicy):
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self._requests.settle()
-        self._idle.add(key)
-        rank = self._ranks[key]
-        heapq.heappush(self._heap, (rank[0], rank[1], key))
-        self._compact()
+        idle, heap = self._idle, self._heap
+        idle.add(key)
+        major, minor = self._ranks[key]
+        heapq.heappush(heap, (major, minor, key))
+        if len(heap) > 64 and len(heap) > 2 * len(idle):
+            self._compact()
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         self._requests.settle()
