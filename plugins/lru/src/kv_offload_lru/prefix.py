@@ -202,10 +202,16 @@ class PrefixLRUCachePolicy(CachePolicy):
     def evict(
         self, n: int, protected: set[OffloadKey]
     ) -> list[tuple[OffloadKey, BlockStatus]] | None:
+        answer = self.evict_split(n, protected)
+        return None if answer is None else list(zip(*answer))
+
+    def evict_split(
+        self, n: int, protected: set[OffloadKey]
+    ) -> tuple[list[OffloadKey], list[BlockStatus]] | None:
         """The ``n`` idle, unprotected blocks of lowest rank, or ``None`` and no change."""
         self._requests.settle()
         if n <= 0:
-            return []
+            return [], []
         heap, ranks, idle = self._heap, self._ranks, self._idle
         chosen: list[_Entry] = []
         chosen_keys: set[OffloadKey] = set()
@@ -226,13 +232,14 @@ class PrefixLRUCachePolicy(CachePolicy):
             for entry in chosen:
                 heapq.heappush(heap, entry)
             return None
-        victims = []
-        for _, _, key in chosen:
+        keys = [key for _, _, key in chosen]
+        blocks = self._blocks
+        victims = [blocks.pop(key) for key in keys]
+        for key in keys:
             idle.remove(key)
             del ranks[key]
-            victims.append((key, self._blocks.pop(key)))
         self._compact()
-        return victims
+        return keys, victims
 
     def clear(self) -> None:
         self._blocks.clear()
