@@ -19,8 +19,14 @@ kv-offload ones:
   vLLM's default of touching a missed key would count a miss as a use. vLLM's
   ``prepare_store`` reports a store's misses before its accesses, kv-offload's the other way
   round, so a miss waits for the same request's access that follows it (or the next
-  callback). vLLM reports a key once per request and leaves pending blocks out of a store's
-  accesses; kv-offload's manager reports every offered key: that difference stays;
+  callback). vLLM reports a request's miss of a key once, so a store of keys missed before
+  comes with none: if the policy's last access or miss callback was another request's, the
+  keys the store inserts are reported as its miss before they are handed over, which is how a
+  policy learns the storing request (kv-offload's manager reports every store's misses just
+  before ``insert_many``, which carries no context). vLLM reports a key once per request and
+  leaves pending blocks out of a store's accesses; kv-offload's manager reports every offered
+  key: that difference stays. Key positions are read from vLLM's context
+  (:class:`~kv_offload_vllm._common.BridgedReqContext`);
 * ``evict`` -> ``evict``, whose answer is checked the way kv-offload's manager checks it
   (exactly ``n`` distinct resident blocks, all idle, none protected), because vLLM trusts it.
 
