@@ -25,8 +25,9 @@ vLLM's rules:
   has one; the groups in index order, then sorted across groups by position when every key
   has one (a stable sort: keys at the same position keep their group order).
 
-The record lives in the request's :class:`~kv_offload.ReqContext` state, as vLLM's does, so it
-is dropped with the request and a request that never finishes keeps nothing in the policy.
+The record lives in the request's :class:`~kv_offload.ReqContext` state, as vLLM's does, so a
+request that never finishes keeps nothing in the policy; it leaves the context when the
+request finishes.
 It belongs to one log and one cache generation: after :meth:`RequestAccessLog.clear` (the
 manager's ``reset_cache``) a request starts a new record and a record from before ends
 silently.
@@ -205,6 +206,11 @@ class RequestAccessLog:
             or record.finished
         ):
             return None
+        # Dropped at once: a caller may keep its contexts long after their requests end (a
+        # replay holds them all), and the record is the bulk of a request's bookkeeping. A
+        # second finish, or a late call for the request, finds no record (vLLM's manager keeps
+        # a finished record and refuses new keys for it; here a late key starts a new one).
+        req_context.pop_state(RequestAccess)
         record.finished = True
         keys: list[OffloadKey] = []
         for group in sorted(record.groups):
