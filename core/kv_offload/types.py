@@ -75,7 +75,8 @@ class ReqContext:
     def pop_state(self, cls: type[_T]) -> _T | None:
         """Remove and return the state of type ``cls`` (``None`` if there is none): for state
         that is useless once the request ends, while the caller may keep the context."""
-        return self._state.pop(cls, None)
+        state: _T | None = self._state.pop(cls, None)
+        return state
 
     def set_offload_key_position(self, key: OffloadKey, end_token: int) -> None:
         """Record ``key``'s end token in this request (the last call for a key wins)."""
