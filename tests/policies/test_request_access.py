@@ -10,7 +10,7 @@ from __future__ import annotations
 from _policy_harness import Blocks
 from kv_offload import OffloadKey, ReqContext, make_offload_key
 from kv_offload.block_status import BlockStatus
-from kv_offload.policies.request_access import RequestAccessLog, head_to_tail
+from kv_offload.policies.request_access import RequestAccess, RequestAccessLog, head_to_tail
 
 
 def key(i: int, group: int = 0) -> OffloadKey:
@@ -84,6 +84,7 @@ def test_inserted_keys_are_not_reused_by_the_request_that_stored_them() -> None:
     finished = cache.log.finish(ctx)
     assert finished is not None
     assert finished.insertion_only == {key(1)} and finished.reused == set()
+    assert ctx.get_state(RequestAccess) is None  # the record left the context
     assert cache.log.finish(ctx) is None  # once
 
 
