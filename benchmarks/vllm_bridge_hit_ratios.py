@@ -41,7 +41,7 @@ def main() -> int:
     print(f"{len(trace)} requests, {blocks} blocks; hit ratio (hit blocks / blocks)")
     policies = sorted({info.name for info in CachePolicyFactory.available_policies()})
     print(
-        f"{'capacity':>8} {'policy':<6} {'bridged':>8} {'kv-offload':>10} "
+        f"{'capacity':>8} {'policy':<10} {'bridged':>8} {'kv-offload':>10} "
         f"{'vLLM built-in':>13} {'vs vLLM ARC':>11} {'kv-offload replay':>17}"
     )
     for capacity in args.capacity or [1000, 5000, 20000]:
@@ -66,7 +66,7 @@ def main() -> int:
                 [(ReqContext(req_id), keys) for req_id, keys in trace],
             )
             print(
-                f"{capacity:>8} {policy:<6} {bridged.hit_ratio:>8.4f} {own.hit_ratio:>10.4f} "
+                f"{capacity:>8} {policy:<10} {bridged.hit_ratio:>8.4f} {own.hit_ratio:>10.4f} "
                 f"{builtin:>13} {bridged.hit_ratio / vllm_arc:>10.3f}x {native.hit_ratio:>17.4f}"
                 + ("" if bridged.hit_blocks == own.hit_blocks else "  (bridged != kv-offload)"),
                 flush=True,

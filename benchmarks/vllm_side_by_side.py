@@ -20,10 +20,11 @@ uses ``perf_counter``. After the imports and the trace load, ``gc.freeze()`` mov
 (vLLM pulls in torch, transformers, ...) out of the collector's reach, so neither side pays
 for scanning the other's import graph.
 
-By default vLLM's contexts carry no per-key token positions, so both managers see exactly the
-same information. vLLM's scheduler records ``set_offload_key_position`` for each key;
-``--positions`` does that too (end token ``(i + 1) * 512`` for the i-th block, before the
-clock starts), which changes vLLM's LRU ordering, not the flow.
+By default the contexts carry no per-key token positions. vLLM's scheduler records
+``set_offload_key_position`` for each key; ``--positions`` does that too, on both libraries'
+contexts (end token ``(i + 1) * 512`` for the i-th block, before the clock starts), which
+changes the ordering of vLLM's LRU and ARC and of kv-offload's ``prefix-lru`` and ``vllm-arc``,
+not the flow (kv-offload's ``lru`` and ``arc`` ignore positions).
 
 vLLM is not a dependency of kv-offload, and its full dependency set (CUDA wheels, a pinned
 CUDA torch, GBs) is not for a CPU-only machine. Without it this script prints how to set it
@@ -135,10 +136,16 @@ def replay_vllm(manager: Any, requests: list[tuple[Any, list[OffloadKey]]], hit:
     return Counts(blocks, hit_total, stored, rejected)
 
 
-def ours_run(trace: Trace, capacity: int, policy: str) -> Callable[[], Counts]:
+def ours_run(trace: Trace, capacity: int, policy: str, positions: bool) -> Callable[[], Counts]:
     """A fresh kv-offload manager and contexts; the returned call is what gets timed."""
     manager = CPUOffloadingManager(capacity, cache_policy=policy)
-    requests = [(ReqContext(req_id), keys) for req_id, keys in trace]
+    requests = []
+    for req_id, keys in trace:
+        ctx = ReqContext(req_id)
+        if positions:
+            for i, key in enumerate(keys):
+                ctx.set_offload_key_position(key, (i + 1) * TOKENS_PER_BLOCK)
+        requests.append((ctx, keys))
 
     def run() -> Counts:
         r = replay(manager, requests)
@@ -180,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="runs per side; best is kept")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument(
-        "--positions", action="store_true", help="record token positions on vLLM's contexts"
+        "--positions", action="store_true", help="record token positions on the contexts"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     args = parser.parse_args(argv)
@@ -208,7 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             best_ours = best_vllm = float("inf")
             ours = theirs = None
             for _ in range(args.repeat):
-                t, ours = timed(lambda: ours_run(trace, capacity, policy), clock)  # noqa: B023
+                t, ours = timed(
+                    lambda: ours_run(trace, capacity, policy, args.positions),  # noqa: B023
+                    clock,
+                )
                 best_ours = min(best_ours, t)
                 t, theirs = timed(
                     lambda: vllm_run(api, trace, capacity, policy, args.positions),  # noqa: B023
@@ -251,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"trace: {args.trace.name}, {len(trace)} requests, {blocks} blocks; vLLM "
         f"{api.version}; best of {args.repeat}, {args.clock} time"
-        + ("; vLLM contexts carry positions" if args.positions else "")
+        + ("; contexts carry positions" if args.positions else "")
     )
     print(
         f"{'capacity':>8}  {'policy':<6} {'kv-offload blk/s':>16} {'vLLM blk/s':>12} "

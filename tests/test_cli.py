@@ -92,6 +92,8 @@ def test_plugins_json_lists_builtins_with_distribution_and_version() -> None:
     expected = {
         ("policy", "lru"): "kv-offload-lru",
         ("policy", "arc"): "kv-offload-arc",
+        ("policy", "prefix-lru"): "kv-offload-lru",
+        ("policy", "vllm-arc"): "kv-offload-vllm-arc",
         ("tier", "example"): "kv-offload-example-tier",
     }
     for key, dist in expected.items():

@@ -40,6 +40,12 @@ class ReqContext:
     ``req_id`` is required: policies group work by request and hooks report it. ``state`` is a
     scratch space keyed by type so a policy, tier or hook can parse request data once (for
     example in ``on_new_request``) and read it back on later calls.
+
+    Key positions (vLLM 0.33's ``set_offload_key_position``): the end token of each key in the
+    request, recorded by the caller as vLLM's scheduler records them. Stores can reach the
+    manager out of prefix order (sliding-window backfills), so a policy that orders a
+    request's keys head to tail reads the positions rather than the call order
+    (``prefix-lru`` and ``vllm-arc`` do; a context without positions keeps the call order).
     """
 
     req_id: str
@@ -47,6 +53,9 @@ class ReqContext:
     #: Which secondary tiers this request's lookups may ask (``None``: all of them).
     load_tier_filter: TierFilter | None = None
     _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False, compare=False)
+    _positions: dict[OffloadKey, int] = field(
+        default_factory=dict, repr=False, init=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         # Hooks, stats and tiers key per-request work by req_id; an int that equals another
@@ -62,6 +71,20 @@ class ReqContext:
 
     def get_state(self, cls: type[_T]) -> _T | None:
         return self._state.get(cls)
+
+    def pop_state(self, cls: type[_T]) -> _T | None:
+        """Remove and return the state of type ``cls`` (``None`` if there is none): for state
+        that is useless once the request ends, while the caller may keep the context."""
+        state: _T | None = self._state.pop(cls, None)
+        return state
+
+    def set_offload_key_position(self, key: OffloadKey, end_token: int) -> None:
+        """Record ``key``'s end token in this request (the last call for a key wins)."""
+        self._positions[key] = end_token
+
+    def get_offload_key_position(self, key: OffloadKey) -> int | None:
+        """``key``'s recorded end token, or ``None`` if none was recorded."""
+        return self._positions.get(key)
 
 
 class LookupResult(Enum):

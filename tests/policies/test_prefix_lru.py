@@ -1,20 +1,21 @@
-"""prefix-lru (kv-offload-lru): LRU plus a head-last refresh of a request's keys at its end.
+"""prefix-lru (kv-offload-lru): vLLM 0.33's LRU as a kv-offload policy.
 
-Checked step by step against the plain ``OrderedDict`` statement of the same policy
-(``kv_offload_lru.reference.ReferencePrefixLRUCachePolicy``) on random workloads that mix the
-request-scoped callbacks in, with the key queue rebuilding itself on every call too; its
-memory for requests that never finish is bounded; through the manager it is selected by name
-and keeps the shared head of a prefix that plain LRU evicts.
+Checked on the issue's smallest case (a 4-block tier, with and without key positions), on
+the rules one at a time (provisional request ranks, the refresh at request end, what a
+request's record leaves out), step by step against the plain statement of the same policy
+(``kv_offload_lru.reference.ReferencePrefixLRUCachePolicy``) through two managers on seeded
+scheduler flows; through the manager it is selected by name and keeps the shared head of a
+prefix that plain LRU evicts. ``tests/vllm_bridge/test_vllm_parity.py`` holds it to vLLM's
+own ``lru``.
 """
 
 from __future__ import annotations
 
-import random
-import sys
 from pathlib import Path
 
 import pytest
-from _policy_harness import CTX, Blocks, k, match_reference, run_request
+from _policy_harness import Blocks, k, run_request
+from _scheduler_flow import kv_offload_side, run_flow
 from kv_offload import (
     CachePolicyFactory,
     CPUOffloadingManager,
@@ -22,232 +23,170 @@ from kv_offload import (
     ReqContext,
     build_manager,
 )
-from kv_offload.block_status import PENDING_REF_CNT
-from kv_offload.policies import key_queue
 from kv_offload.replay import replay
 from kv_offload.trace import read_trace
-from kv_offload_lru import LRUCachePolicy, PrefixLRUCachePolicy, prefix
-from kv_offload_lru.reference import ReferenceLRUCachePolicy, ReferencePrefixLRUCachePolicy
+from kv_offload_lru import PrefixLRUCachePolicy
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "conversation_trace.jsonl"
 
 
-def ctx(req_id: str) -> ReqContext:
-    return ReqContext(req_id=req_id)
+def ctx(req_id: str, positions: dict[OffloadKey, int] | None = None) -> ReqContext:
+    context = ReqContext(req_id=req_id)
+    for key, end in (positions or {}).items():
+        context.set_offload_key_position(key, end)
+    return context
 
 
-def filled(keys: list[int], blocks: Blocks, capacity: int | None = None) -> PrefixLRUCachePolicy:
-    policy = PrefixLRUCachePolicy(capacity or max(len(keys), 1))
-    policy.insert_many([k(i) for i in keys], [blocks.new(0) for _ in keys])
-    return policy
+def positioned(req_id: str, keys: list[OffloadKey]) -> ReqContext:
+    """A context with every key's end token, as vLLM's scheduler records them."""
+    return ctx(req_id, {key: (i + 1) * 16 for i, key in enumerate(keys)})
 
 
-def check_invariants(policy: PrefixLRUCachePolicy) -> None:
-    """One live entry per resident key, every other entry a counted tombstone; the record
-    count is the record's size."""
-    queue = policy._queue
-    assert len(queue) - len(policy) == sum(queue.stale.values())
-    assert all(count > 0 for count in queue.stale.values())
-    assert sorted(policy.order) == sorted(policy._blocks)
-    assert policy._recorded == sum(map(len, policy._asked.values()))
+def stored(manager: CPUOffloadingManager, keys: list[OffloadKey], context: ReqContext) -> list:
+    """Store ``keys`` and complete the store; returns the evicted keys."""
+    out = manager.prepare_store(keys, context)
+    assert out is not None
+    manager.complete_store(out.keys_to_store, context)
+    return out.evicted_keys
 
 
-# -- the refresh -----------------------------------------------------------------------------
+# -- the issue's case ---------------------------------------------------------------------------
 
 
-def test_request_end_makes_its_keys_most_recent_head_last() -> None:
-    policy = filled([1, 2, 3, 4, 5, 6], Blocks(10))
-    request = ctx("a")
-    policy.on_request_access([k(3), k(4)], request)  # its hits
-    policy.on_request_access([k(5), k(9)], request)  # its store; k9 is absent: ignored
-    assert policy.order == [k(i) for i in (1, 2, 3, 4, 5, 6)]  # nothing moves before the end
-    policy.on_request_finished(request)
-    assert policy.order == [k(1), k(2), k(6), k(5), k(4), k(3)]
-    assert policy._asked == {} and policy._recorded == 0
-    check_invariants(policy)
-
-
-def test_a_request_whose_keys_are_the_newest_is_reordered_in_place() -> None:
-    """The common case (hits touched, then the misses stored) leaves no tombstone."""
-    blocks = Blocks(10)
-    policy = filled([1, 2, 3], blocks)
-    request = ctx("a")
-    policy.touch([k(2), k(3)], request)  # its hits: the queue is now k1, k3, k2
-    policy.on_request_access([k(2), k(3), k(4)], request)
-    victims = policy.evict(1, {k(2), k(3), k(4)})
-    assert victims is not None and [key for key, _ in victims] == [k(1)]
-    policy.insert_many([k(4)], [blocks.new(0)])
-    stale_before = sum(policy._queue.stale.values())
-    policy.on_request_finished(request)
-    assert policy.order == [k(4), k(3), k(2)]
-    assert sum(policy._queue.stale.values()) == stale_before
-    check_invariants(policy)
-
-
-def test_keys_evicted_or_removed_before_the_end_are_skipped_and_duplicates_count_once() -> None:
-    policy = filled([1, 2, 3, 4], Blocks(10))
-    request = ctx("a")
-    policy.on_request_access([k(1), k(2), k(1), k(3)], request)
-    policy.on_request_access([k(2)], request)
-    assert policy._asked["a"] == [k(1), k(2), k(1), k(3), k(2)] and policy._recorded == 5
-    victims = policy.evict(1, set())
-    assert victims is not None and victims[0][0] == k(1)
-    policy.remove(k(3))
-    policy.on_request_finished(request)
-    assert policy.order == [k(4), k(2)]
-    policy.on_request_finished(request)  # twice, or never started: nothing happens
-    policy.on_request_finished(ctx("unknown"))
-    assert policy.order == [k(4), k(2)]
-    check_invariants(policy)
-
-
-def test_requests_are_kept_apart_and_clear_forgets_their_records() -> None:
-    policy = filled([1, 2, 3, 4], Blocks(10))
-    policy.on_request_access([k(1)], ctx("a"))
-    policy.on_request_access([k(2)], ctx("b"))
-    policy.on_request_finished(ctx("b"))
-    assert policy.order == [k(1), k(3), k(4), k(2)]
-    policy.clear()
-    assert len(policy) == 0 and policy._asked == {} and policy._recorded == 0
-    policy.insert_many([k(1)], [Blocks(2).new(0)])
-    policy.on_request_finished(ctx("a"))  # its record went with the clear
-    assert policy.order == [k(1)]
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_without_request_callbacks_it_is_plain_lru(seed: int) -> None:
-    """Callers that never report accesses (or never finish) get lru's decisions, exactly."""
-    c = random.Random(seed).choice((3, 8, 25))
-    policy = PrefixLRUCachePolicy(c)
-    ref = ReferenceLRUCachePolicy(c)
-
-    def same_state() -> None:
-        assert policy.order == list(ref.blocks)
-
-    match_reference(policy, ref, c, seed, same_state, steps=1500)
-
-
-# -- against the plain reference, step by step -------------------------------------------------
-
-
-def match_prefix_reference(
-    policy: PrefixLRUCachePolicy, ref: ReferencePrefixLRUCachePolicy, capacity: int, seed: int
+@pytest.mark.parametrize(
+    ("policy", "with_positions", "victim"),
+    [
+        ("prefix-lru", False, 0),
+        ("prefix-lru", True, 3),
+        ("lru", False, 0),
+        ("lru", True, 0),
+    ],
+)
+def test_four_block_tier_evicts_the_running_requests_tail_first_with_positions(
+    policy: str, with_positions: bool, victim: int
 ) -> None:
-    """Random requests (a few open at once, some never finishing) calling both policies the
-    way the manager does: a lookup's hits reported then touched, a store's keys reported then
-    evicted for and inserted; plus evictions, pins, removals, clears. After every step the
-    order, the blocks ``get`` returns and the per-request records must agree."""
-    rng = random.Random(seed)
-    blocks = Blocks(200_000)
-    universe = rng.choice((2 * capacity, 5 * capacity))
-    requests = [f"r{i}" for i in range(rng.choice((2, 6, 12)))]
-    for _ in range(2500):
-        op = rng.random()
-        request = ctx(rng.choice(requests))
-        keys = list(dict.fromkeys(k(rng.randrange(universe)) for _ in range(rng.randrange(1, 7))))
-        if op < 0.35:  # a store
-            policy.on_request_access(keys, request)
-            ref.on_request_access(keys, request)
-            to_store = [key for key in keys if policy.get(key) is None]
-            shortfall = len(policy) + len(to_store) - capacity
-            if shortfall > 0:
-                victims = policy.evict(shortfall, set(keys))
-                assert victims == ref.evict(shortfall, set(keys))
-                if victims is None:
-                    continue
-            new = [blocks.new(rng.choice((0, 0, 0, 0, PENDING_REF_CNT))) for _ in to_store]
-            policy.insert_many(to_store, new)
-            for key, block in zip(to_store, new):
-                ref.insert(key, block)
-        elif op < 0.55:  # a load of the resident ones, then their touch
-            hits = [key for key in keys if policy.get(key) is not None]
-            policy.on_request_access(hits, request)
-            ref.on_request_access(hits, request)
-            policy.touch(hits, request)
-            ref.touch(hits, request)
-        elif op < 0.7:
-            policy.on_request_finished(request)
-            ref.on_request_finished(request)
-        elif op < 0.8:
-            n = rng.randrange(1, 4)
-            assert policy.evict(n, set(keys)) == ref.evict(n, set(keys))
-        elif op < 0.9:
-            for key in keys:
-                resident = policy.get(key)
-                if resident is not None:
-                    blocks.refs[resident] = rng.choice((PENDING_REF_CNT, 0, 0, 2))
-        elif op < 0.995:
-            for key in keys:
-                policy.remove(key)
-                ref.remove(key)
-        else:
-            policy.clear()
-            ref.clear()
-        for key in keys:
-            assert policy.get(key) is ref.get(key)
-        assert policy.order == list(ref.blocks)
-        assert policy._asked == ref.requests
-        check_invariants(policy)
+    """q1 asks for a0..a4; a0..a3 fill a 4-block tier; a4 needs a slot. With positions a
+    running request ranks its blocks tail first (vLLM's lru evicts a3), without them in
+    store order (a0); plain lru ignores positions."""
+    keys = [k(i) for i in range(5)]
+    manager = CPUOffloadingManager(4, cache_policy=policy)
+    q1 = positioned("q1", keys) if with_positions else ctx("q1")
+    manager.on_new_request(q1)
+    assert stored(manager, keys[:4], q1) == []
+    assert stored(manager, keys[4:], q1) == [keys[victim]]
 
 
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("compact_slack", [-sys.maxsize, 256])
-def test_matches_the_reference_on_random_workloads(
-    seed: int, compact_slack: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # With no slack at all the queue rebuilds itself on every call, which must be invisible.
-    monkeypatch.setattr(key_queue, "COMPACT_SLACK", compact_slack)
-    c = random.Random(seed).choice((3, 8, 25))
-    match_prefix_reference(PrefixLRUCachePolicy(c), ReferencePrefixLRUCachePolicy(c), c, seed)
+# -- the rules, one at a time -----------------------------------------------------------------
 
 
+def test_request_end_makes_its_keys_newest_head_last() -> None:
+    manager = CPUOffloadingManager(10, cache_policy="prefix-lru")
+    policy = manager.policy
+    assert isinstance(policy, PrefixLRUCachePolicy)
+    stored(manager, [k(i) for i in range(1, 7)], ctx("fill"))
+    request = ctx("a")
+    manager.prepare_load([k(3), k(4)], request)  # its hits
+    manager.complete_load([k(3), k(4)], request)
+    assert policy.order == [k(i) for i in range(1, 7)]  # nothing moves before the end
+    stored(manager, [k(5), k(9)], request)  # k5 again (resident), k9 new
+    manager.on_request_finished(request)
+    assert policy.order == [k(1), k(2), k(6), k(9), k(5), k(4), k(3)]
+    manager.on_request_finished(request)  # twice, or never started: nothing happens
+    manager.on_request_finished(ctx("unknown"))
+    assert policy.order == [k(1), k(2), k(6), k(9), k(5), k(4), k(3)]
+
+
+def test_a_running_request_holds_its_blocks_at_one_rank_tail_first() -> None:
+    """Its first ask fixes the request's rank: what other requests store later ranks newer,
+    and its own later stores join it by position, not at the newest end."""
+    manager = CPUOffloadingManager(10, cache_policy="prefix-lru")
+    policy = manager.policy
+    assert isinstance(policy, PrefixLRUCachePolicy)
+    mine = [k(i) for i in range(4)]
+    request = positioned("mine", mine)
+    stored(manager, mine[:2], request)
+    stored(manager, [k(50)], ctx("other"))
+    stored(manager, mine[2:], request)
+    assert policy.order == [k(3), k(2), k(1), k(0), k(50)]
+    manager.on_request_finished(request)
+    assert policy.order == [k(50), k(3), k(2), k(1), k(0)]
+
+
+def test_a_resident_block_asked_for_moves_up_to_the_requests_rank_never_down() -> None:
+    manager = CPUOffloadingManager(10, cache_policy="prefix-lru")
+    policy = manager.policy
+    assert isinstance(policy, PrefixLRUCachePolicy)
+    stored(manager, [k(1), k(2)], ctx("old"))
+    request = positioned("asks", [k(1), k(7)])
+    stored(manager, [k(7)], request)  # the request's rank: newer than k1, k2
+    stored(manager, [k(9)], ctx("later"))
+    manager.prepare_load([k(1)], request)  # k1 joins the request's rank, head last
+    manager.complete_load([k(1)], request)
+    assert policy.order == [k(2), k(7), k(1), k(9)]
+    late = positioned("late", [k(2), k(12)])
+    stored(manager, [k(12)], late)  # the rank of "late" is fixed here
+    manager.touch([k(2)], ctx("toucher"))  # a fresh rank, newer than that of "late"
+    manager.prepare_load([k(2)], late)  # so k2 stays where it is
+    manager.complete_load([k(2)], late)
+    assert policy.order == [k(7), k(1), k(9), k(12), k(2)]
+
+
+def test_blocks_still_being_stored_do_not_join_a_request_that_offers_them() -> None:
+    """vLLM's manager leaves a block whose store is in flight out of a store's accesses, so
+    the refresh at the end of a request that only offered it again does not move it."""
+    manager = CPUOffloadingManager(10, cache_policy="prefix-lru")
+    policy = manager.policy
+    assert isinstance(policy, PrefixLRUCachePolicy)
+    writer = ctx("writer")
+    out = manager.prepare_store([k(1)], writer)
+    assert out is not None
+    stored(manager, [k(2)], ctx("other"))
+    again = ctx("again")
+    assert manager.prepare_store([k(1)], again) is not None  # pending: not this request's
+    manager.on_request_finished(again)
+    manager.complete_store([k(1)], writer)
+    assert policy.order == [k(1), k(2)]
+
+
+def test_clear_starts_a_new_generation_of_request_records() -> None:
+    manager = CPUOffloadingManager(10, cache_policy="prefix-lru")
+    policy = manager.policy
+    assert isinstance(policy, PrefixLRUCachePolicy)
+    request = ctx("a")
+    stored(manager, [k(1), k(2)], request)
+    manager.reset_cache()
+    stored(manager, [k(3)], ctx("b"))
+    stored(manager, [k(4)], ctx("c"))
+    manager.on_request_finished(request)  # its record is from before the reset
+    assert policy.order == [k(3), k(4)]
+
+
+# -- against the plain reference, step by step --------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["none", "all", "partial"])
 @pytest.mark.parametrize("seed", range(4))
-def test_matches_the_reference_with_tight_record_bounds(
-    seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both bounds bite all the time: records are shed and a lone request's is cut."""
-    monkeypatch.setattr(prefix, "MAX_OPEN_REQUESTS", 3)
-    monkeypatch.setattr(prefix, "MIN_RECORDED_KEYS", 0)  # the key bound is 4 capacities
-    c = random.Random(seed).choice((2, 3, 5))
-    match_prefix_reference(PrefixLRUCachePolicy(c), ReferencePrefixLRUCachePolicy(c), c, seed)
-
-
-# -- bounded memory for requests that never finish ---------------------------------------------
-
-
-def test_requests_that_never_finish_keep_at_most_max_open_requests_records() -> None:
-    policy = filled(list(range(10)), Blocks(20))
-    for i in range(prefix.MAX_OPEN_REQUESTS + 500):
-        policy.on_request_access([k(i % 10)], ctx(f"lost-{i}"))
-    assert len(policy._asked) == prefix.MAX_OPEN_REQUESTS
-    assert f"lost-{prefix.MAX_OPEN_REQUESTS + 499}" in policy._asked
-    assert "lost-499" not in policy._asked and "lost-500" in policy._asked
-    check_invariants(policy)
-
-
-def test_a_request_that_keeps_asking_stays_recorded_while_silent_ones_go() -> None:
-    policy = filled(list(range(10)), Blocks(20))
-    for i in range(prefix.MAX_OPEN_REQUESTS + 10):
-        policy.on_request_access([k(0)], ctx("long-running"))
-        policy.on_request_access([k(1)], ctx(f"lost-{i}"))
-    assert "long-running" in policy._asked and len(policy._asked) == prefix.MAX_OPEN_REQUESTS
-
-
-def test_a_request_asking_for_more_than_the_key_bound_keeps_its_head() -> None:
-    blocks = Blocks(10)
-    policy = filled([0, 1, 2], blocks, capacity=3)
-    limit = policy.max_recorded_keys()
-    assert limit == prefix.MIN_RECORDED_KEYS
-    request = ctx("huge")
-    head = [k(i) for i in range(3)]
-    policy.on_request_access(head, ctx("other"))
-    for start in range(0, 3 * limit, 100):
-        policy.on_request_access([k(i) for i in range(start, start + 100)], request)
-    assert policy._recorded <= limit and list(policy._asked) == ["huge"]
-    assert policy._asked["huge"][:3] == head
-    policy.on_request_finished(request)
-    assert policy.order == [k(2), k(1), k(0)] and policy._recorded == 0
-    check_invariants(policy)
+def test_matches_the_reference_through_the_manager(seed: int, mode: str) -> None:
+    """Two managers, the shipped policy and its plain statement, on a seeded scheduler flow:
+    every lookup, store, eviction, event and counter equal after every step."""
+    name = "prefix-lru-reference-flow"
+    CachePolicyFactory.register_cache_policy(
+        name, "kv_offload_lru.reference", "ReferencePrefixLRUCachePolicy"
+    )
+    try:
+        capacity = (4, 12, 8, 16)[seed]
+        filters = {"store_threshold": 2, "max_tracker_size": 25} if seed % 2 else {}
+        sides = [
+            kv_offload_side(
+                policy,
+                CPUOffloadingManager(capacity, cache_policy=policy, enable_events=True, **filters),
+            )
+            for policy in ("prefix-lru", name)
+        ]
+        report = run_flow(sides, seed, 2000, mode, capacity=capacity, groups=1 + seed % 2)
+    finally:
+        CachePolicyFactory.unregister_cache_policy(name)
+    assert report.evicted_blocks > 0 and report.hits > 0 and report.finished > 0
 
 
 # -- through the manager ---------------------------------------------------------------------
@@ -294,13 +233,15 @@ def test_bundled_trace_scores_above_lru_and_matches_the_reference() -> None:
     ours, reference = results["prefix-lru"], results[name]
     assert (ours.hit_blocks, ours.blocks) == (reference.hit_blocks, reference.blocks)
     assert ours.hit_blocks > results["lru"].hit_blocks
-    assert isinstance(CPUOffloadingManager(10, "prefix-lru").policy, LRUCachePolicy)
 
 
 def test_keys_passed_to_on_request_access_are_copied() -> None:
-    policy = filled([1, 2, 3], Blocks(4))
+    policy = PrefixLRUCachePolicy(4)
+    blocks = Blocks(4)
+    policy.insert_many([k(1), k(2), k(3)], [blocks.new(0) for _ in range(3)])
+    request = ctx("a")
     keys: list[OffloadKey] = [k(2)]
-    policy.on_request_access(keys, CTX)
+    policy.on_request_access(keys, request)
     keys.append(k(1))  # the caller reuses its list
-    policy.on_request_finished(CTX)
+    policy.on_request_finished(request)
     assert policy.order == [k(1), k(3), k(2)]

@@ -7,8 +7,9 @@ of key references cost 75 to 130 bytes per block where an ``OrderedDict`` costs 
 which is what keeps a CPU tier of millions of blocks cheap to track. :mod:`.reference` states
 the same policy on one ``OrderedDict``; the tests check the two agree step by step.
 
-:class:`PrefixLRUCachePolicy` (:mod:`.prefix`) is the same LRU plus a refresh, at request end,
-of every key the request asked for, its prefix head last, as vLLM 0.33's own ``lru`` does.
+:class:`PrefixLRUCachePolicy` (:mod:`.prefix`) decides exactly as vLLM 0.33's own ``lru``:
+a request's blocks share a provisional rank while it runs (tail before head, when its context
+carries key positions) and every block it asked for is refreshed at its end, head last.
 """
 
 from __future__ import annotations

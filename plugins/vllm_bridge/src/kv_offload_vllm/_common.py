@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kv_offload import ReqContext, get_plugin_manager
+from kv_offload import OffloadKey, ReqContext, get_plugin_manager
 
-__all__ = ["PREFIX", "fire_hook", "kvo_context", "split_name"]
+__all__ = ["PREFIX", "BridgedReqContext", "fire_hook", "kvo_context", "split_name"]
 
 logger = logging.getLogger("kv_offload_vllm")
 
@@ -23,6 +23,27 @@ def split_name(name: str) -> str | None:
     return None
 
 
+class BridgedReqContext(ReqContext):
+    """A kv-offload request context whose key positions are the vLLM context's.
+
+    vLLM's scheduler records a key's position on its own context as the request proceeds
+    (``set_offload_key_position``), after the kv-offload context was made, so the positions
+    are read from the vLLM context on every call rather than copied once: a policy that
+    orders a request's keys by position (``prefix-lru``) sees what vLLM's own policies see.
+    """
+
+    def __init__(self, vllm_context: Any) -> None:
+        super().__init__(vllm_context.req_id, vllm_context.kv_transfer_params)
+        self._vllm_context = vllm_context
+
+    def set_offload_key_position(self, key: OffloadKey, end_token: int) -> None:
+        self._vllm_context.set_offload_key_position(key, end_token)
+
+    def get_offload_key_position(self, key: OffloadKey) -> int | None:
+        position: int | None = self._vllm_context.get_offload_key_position(key)
+        return position
+
+
 def kvo_context(vllm_context: Any) -> ReqContext:
     """The kv-offload context of a vLLM request context, created once per request.
 
@@ -30,9 +51,9 @@ def kvo_context(vllm_context: Any) -> ReqContext:
     one kv-offload context for the whole request (their per-request state survives between
     calls) and nothing is kept after vLLM drops the request.
     """
-    context: ReqContext | None = vllm_context.get_state(ReqContext)
+    context: ReqContext | None = vllm_context.get_state(BridgedReqContext)
     if context is None:
-        context = ReqContext(vllm_context.req_id, vllm_context.kv_transfer_params)
+        context = BridgedReqContext(vllm_context)
         vllm_context.set_state(context)
     return context
 

@@ -19,8 +19,14 @@ kv-offload ones:
   vLLM's default of touching a missed key would count a miss as a use. vLLM's
   ``prepare_store`` reports a store's misses before its accesses, kv-offload's the other way
   round, so a miss waits for the same request's access that follows it (or the next
-  callback). vLLM reports a key once per request and leaves pending blocks out of a store's
-  accesses; kv-offload's manager reports every offered key: that difference stays;
+  callback). vLLM reports a request's miss of a key once, so a store of keys missed before
+  comes with none: if the policy's last access or miss callback was another request's, the
+  keys the store inserts are reported as its miss before they are handed over, which is how a
+  policy learns the storing request (kv-offload's manager reports every store's misses just
+  before ``insert_many``, which carries no context). vLLM reports a key once per request and
+  leaves pending blocks out of a store's accesses; kv-offload's manager reports every offered
+  key: that difference stays. Key positions are read from vLLM's context
+  (:class:`~kv_offload_vllm._common.BridgedReqContext`);
 * ``evict`` -> ``evict``, whose answer is checked the way kv-offload's manager checks it
   (exactly ``n`` distinct resident blocks, all idle, none protected), because vLLM trusts it.
 
@@ -134,6 +140,8 @@ def policy_adapter(name: str) -> type[Any]:
             self._batch_blocks: list[BlockStatus] = []
             self._batch_ctx: Any = None
             self._miss: tuple[list[OffloadKey], Any] | None = None
+            # The vLLM context of the last on_request_access / on_store_miss handed over.
+            self._told: Any = None
             # vLLM calls get() for every lookup: answer from the key -> chunk map directly.
             setattr(self, "get", self._chunks.get)  # noqa: B010 - shadows the method below
             self._request_access = _overridden(policy, "on_request_access")
@@ -154,9 +162,16 @@ def policy_adapter(name: str) -> type[Any]:
                 keys, vllm_ctx = self._miss
                 self._miss = None
                 self._store_miss(keys, kvo_context(vllm_ctx))
+                self._told = vllm_ctx
             if self._batch_keys:
-                keys, blocks = self._batch_keys, self._batch_blocks
+                keys, blocks, vllm_ctx = self._batch_keys, self._batch_blocks, self._batch_ctx
                 self._batch_keys, self._batch_blocks, self._batch_ctx = [], [], None
+                if self._store_miss is not None and vllm_ctx is not self._told:
+                    # vLLM reports a request's misses once: a store of keys it missed before
+                    # came without any. kv-offload's manager reports every store's misses
+                    # before inserting them, which is how a policy knows the storing request.
+                    self._store_miss(list(keys), kvo_context(vllm_ctx))
+                    self._told = vllm_ctx
                 self._policy.insert_many(keys, blocks)
 
         def get(self, key: OffloadKey) -> Any:  # replaced per instance in __init__
@@ -221,8 +236,10 @@ def policy_adapter(name: str) -> type[Any]:
             self._flush()
             if self._request_access is not None:
                 self._request_access(list(keys), kvo_context(req_context))
+                self._told = req_context
             if miss is not None:
                 self._store_miss(miss[0], kvo_context(req_context))
+                self._told = req_context
 
         def on_store_miss(self, keys: Iterable[OffloadKey], req_context: Any) -> None:
             if self._store_miss is not None:
@@ -270,6 +287,7 @@ def policy_adapter(name: str) -> type[Any]:
         def clear(self) -> None:
             self._batch_keys, self._batch_blocks, self._batch_ctx = [], [], None
             self._miss = None
+            self._told = None
             self._policy.clear()
             self._chunks.clear()
             self._table.chunks.clear()
