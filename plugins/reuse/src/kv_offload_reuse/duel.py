@@ -23,6 +23,7 @@ from itertools import compress
 
 from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
 from kv_offload.block_status import bind_block_status
+from xxhash import xxh3_64_intdigest as stable_hash
 
 __all__ = ["Miniature", "sample_rate"]
 
@@ -43,9 +44,10 @@ def sample_rate(capacity: int) -> int:
 
 
 def sampled(keys: list[OffloadKey], rate: int) -> list[OffloadKey]:
-    """The keys whose hash falls in the sample (bits the history table does not use)."""
+    """The keys whose hash falls in the sample (bits the history table does not use); the
+    hash of the key's bytes, the same in every process, so the sample is too."""
     mask = rate - 1
-    return list(compress(keys, [not (hash(key) >> 40 & mask) for key in keys]))
+    return list(compress(keys, [not (stable_hash(key) >> 40 & mask) for key in keys]))
 
 
 class Miniature:

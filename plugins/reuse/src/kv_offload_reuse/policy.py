@@ -16,6 +16,7 @@ from operator import attrgetter, itemgetter, not_
 
 import numpy as np
 from kv_offload import BlockStatus, CachePolicy, ConfigError, OffloadKey, ReqContext
+from xxhash import xxh3_64_intdigest as stable_hash
 
 from .duel import Miniature, sample_rate, sampled
 
@@ -53,8 +54,10 @@ def _score(mini: Miniature) -> float:
 
 
 def slot_of(key: OffloadKey, size: int) -> tuple[int, int]:
-    """The table slot and 8-bit fingerprint of a key (from its cached ``hash``)."""
-    h = hash(key) & _MASK64
+    """The table slot and 8-bit fingerprint of a key, from a hash of its bytes that is the
+    same in every process (Python's ``hash`` of bytes is salted per process: decisions taken
+    from it made the hit ratio depend on ``PYTHONHASHSEED``)."""
+    h = stable_hash(key)
     return h % size, h >> 56
 
 
@@ -181,7 +184,7 @@ class ReuseCachePolicy(CachePolicy):
         if not resident.keys().isdisjoint(keys):  # re-inserts (never sent by the manager)
             for key in keys:
                 self.remove(key)
-        hashes = list(map(_MASK64.__and__, map(hash, keys)))
+        hashes = list(map(stable_hash, keys))
         slots = list(map(self._size.__rmod__, hashes))
         words = list(map(table.__getitem__, slots))
         # A word is 0 when empty; a record's word never is (its list bits are 2 or 3).
@@ -357,7 +360,7 @@ class ReuseCachePolicy(CachePolicy):
         table = self._table
         size = self._size
         stamp = self._epoch << 2 | origin
-        for h in map(_MASK64.__and__, map(hash, keys)):
+        for h in map(stable_hash, keys):
             table[h % size] = (h >> 56) << 8 | stamp
         origin -= _FROM_T1
         self._evicted[origin][self._epoch] += len(victims)
