@@ -164,6 +164,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/fs_tier.py")
     session.run("python", "benchmarks/vllm_side_by_side.py")
     session.run("python", "benchmarks/redis_tier.py")
+    session.run("python", "benchmarks/replay_clock.py")
+    session.run("python", "benchmarks/fleet.py", "--limit", "4000")
 
 
 @nox.session
