@@ -18,8 +18,8 @@ from .tiering import (
     SecondaryTierManager,
     TieringOffloadingManager,
 )
+from .tiering.jobs import PromotionLimits
 from .tiering.names import tier_names
-from .tiering.promotion_limits import PromotionLimits
 
 __all__ = ["build_manager"]
 

@@ -72,7 +72,7 @@ def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
     outer = _outer_call(manager)
     if outer is not None:
         return ConcurrentUseError(
-            f"{cls}.{method}() was called while {cls}.{outer}() is running on the same "
+            f"{cls}.{method}() was called while {outer}() is running on the same "
             f"thread (a hook plugin calling the manager back?); a manager's request-flow "
             f"methods cannot be re-entered from its hooks, only {SNAPSHOT_READS} can: "
             f"record what the hook needs and act after the manager call returns",
@@ -91,16 +91,32 @@ def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
 
 
 def _outer_call(manager: object) -> str | None:
-    """The manager method running further up this thread's stack, if any."""
+    """The manager method running further up this thread's stack (the outermost: the call
+    that took the guard), as ``Class.method``, if any: one of ``manager``'s own, else one of a
+    manager sharing its entry token (a tiered manager over a CPU tier: a hook it fires may
+    call the CPU tier back)."""
     try:
-        frame: FrameType | None = sys._getframe(3)  # skip this, the error and the refused call
+        start: FrameType | None = sys._getframe(3)  # skip this, the error and the refused call
     except ValueError:  # the refused call was the bottom of the stack
         return None
-    while frame is not None:
-        if frame.f_locals.get("self") is manager:
-            return frame.f_code.co_name
-        frame = frame.f_back
+    token = getattr(manager, "_entry", None)
+    for same in (True, False):
+        outer = None  # the outermost such frame: the call that took the guard
+        frame = start
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if (owner is manager) if same else _shares(owner, token):
+                outer = f"{type(owner).__name__}.{frame.f_code.co_name}"
+            frame = frame.f_back
+        if outer is not None:
+            return outer
     return None
+
+
+def _shares(owner: object, token: object) -> bool:
+    """Whether ``owner`` holds entry token ``token`` (read from its instance dictionary, so
+    no ``__getattr__`` of a wrapper runs)."""
+    return token is not None and getattr(owner, "__dict__", {}).get("_entry") is token
 
 
 #: The wrapper entry_guarded() compiles per method, with the method's own parameters. As for the

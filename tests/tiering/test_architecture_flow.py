@@ -1,7 +1,14 @@
 """docs/architecture.md's "tiered request flow" is what the code does: one request through a
-CPU tier and an fs tier (a promotion from disk, a store that cascades), with every function
-entered recorded by ``sys.setprofile``; the modules of the project it enters, in first-entry
-order, must be the list in the document. On a change the test fails and prints the new list."""
+CPU tier and an fs tier (a promotion from disk, a store that evicts and cascades), with every
+function entered recorded by ``sys.setprofile``; the modules of the project it enters, in
+first-entry order, must be the list in the document. On a change the test fails and prints the
+new list.
+
+The design bound: the stack's own modules (``kv_offload.cpu`` and ``kv_offload.tiering``: the
+CPU tier, the tiered manager and what it decides with) that one request walks through are at
+most :data:`STACK_MODULE_BOUND`. The tiered manager is the only one calling the CPU tier; the
+job table and the request scope decide and it acts, so a request does not wander through
+modules that each change the CPU tier a little."""
 
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ from kv_offload import LookupResult, ReqContext, TieringOffloadingManager, build
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 BEGIN, END = "<!-- tiered-flow:begin -->", "<!-- tiered-flow:end -->"
 BLOCK = 4096
+#: At most this many of the stack's own modules in one tiered request (issue 24: it was 11).
+STACK_MODULE_BOUND = 8
+STACK_PACKAGES = ("kv_offload.cpu.", "kv_offload.tiering.")
 
 
 def _rows(keys: list[bytes]) -> np.ndarray:
@@ -44,7 +54,7 @@ def traced_modules(tmp_path: Path) -> list[str]:
     m.on_new_request(warm)
     _store(m, [1, 2], warm)
     m.drain()
-    _store(m, [3, 4], warm)  # 1 and 2 now only on disk
+    _store(m, [3, 4, 5, 6], warm)  # evicts 1 and 2: now only on disk
     m.on_request_finished(warm)
     m.drain()
 
@@ -62,6 +72,7 @@ def traced_modules(tmp_path: Path) -> list[str]:
     try:  # one request: lookups (a promotion from disk), load, store of the rest, finish
         m.on_new_request(ctx)
         answer = m.lookup(key(1), ctx)
+        assert answer is LookupResult.PENDING  # promoted from disk
         while answer is LookupResult.PENDING:
             m.on_schedule_end()
             answer = m.lookup(key(1), ctx)
@@ -69,7 +80,7 @@ def traced_modules(tmp_path: Path) -> list[str]:
         spec = m.prepare_load([key(1)], ctx)
         m.kv_buffer.read_blocks(spec.block_ids)
         m.complete_load([key(1)], ctx)
-        _store(m, [5], ctx)
+        _store(m, [7], ctx)  # evicts one block, cascades 7
         m.on_request_finished(ctx)
         m.on_schedule_end()
     finally:
@@ -92,3 +103,12 @@ def test_the_documented_tiered_request_flow_is_the_code(tmp_path: Path) -> None:
         f"docs/architecture.md's tiered request flow is out of date; replace the block "
         f"between {BEGIN} and {END} with:\n```\n{block}\n```"
     )
+
+
+def test_one_tiered_request_walks_through_few_of_the_stacks_modules(tmp_path: Path) -> None:
+    stack = [name for name in traced_modules(tmp_path) if name.startswith(STACK_PACKAGES)]
+    assert len(stack) <= STACK_MODULE_BOUND, (
+        f"one tiered request enters {len(stack)} of the stack's modules (bound "
+        f"{STACK_MODULE_BOUND}): {', '.join(stack)}"
+    )
+    assert stack[:2] == ["kv_offload.tiering.manager", "kv_offload.cpu.manager"]

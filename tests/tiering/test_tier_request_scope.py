@@ -246,7 +246,7 @@ def test_filter_by_name_skips_the_other_tier() -> None:
     counted = CountingLookups(t1)
     assert m.lookup(k(1), ctx) is PENDING
     assert counted.calls == 0
-    assert [index for index, _ in m._promotions.queued] == [1]  # promoted from t2, not t1
+    assert [index for index, _ in m._jobs.queued] == [1]  # promoted from t2, not t1
 
 
 def test_remote_locality_from_config_and_filter() -> None:
@@ -334,7 +334,7 @@ def test_reset_cache_waits_for_promotions_in_flight() -> None:
     m.on_schedule_end()
     m.reset_cache()
     assert m.lookup(k(0), CTX) is PENDING
-    m._promotions.submit()  # the step's promotions went out; their results are not in yet
+    m._submit_queued()  # the step's promotions went out; their results are not in yet
     assert m.get_stats().jobs_in_flight >= 1
     m.reset_cache()
     assert m.get_stats().jobs_in_flight == 0
@@ -402,7 +402,7 @@ def test_lookup_answers_follow_vllm(
              enumerate(answers)]  # fmt: skip
     m = TieringOffloadingManager(primary, tiers)
     assert m.lookup(k(0), CTX) is expected
-    queued = {index for index, _ in m._promotions.queued}
+    queued = {index for index, _ in m._jobs.queued}
     assert queued == (set() if promoted_from is None else {promoted_from})
     m.on_schedule_end()
     if promoted_from is not None:

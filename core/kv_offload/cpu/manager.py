@@ -131,6 +131,30 @@ class CPUOffloadingManager(CPUManagerState):
         finally:
             entry.append(True)
 
+    def _held_lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """:meth:`lookup` for a caller holding the entry guard (a tiered manager over this CPU
+        tier shares its token): the same body, written out again to keep ``lookup`` itself
+        one frame."""
+        try:
+            req_id = req_context.req_id
+            block = self._get(key)
+        except (AttributeError, TypeError):
+            check.check_context(req_context, "lookup")
+            raise check.bad_batch([key], "lookup") from None
+        if req_id is None:
+            check.check_context(req_context, "lookup")
+        counters = self.counters
+        if block is None:
+            if self._closed:
+                raise check.closed_error("lookup")
+            counters.misses += 1
+            return _MISS
+        if self._refs[block] < 0:
+            counters.pending_lookups += 1
+            return _PENDING
+        counters.hits += 1
+        return _HIT
+
     @entry_guarded
     def prepare_load(
         self, keys: Collection[OffloadKey], req_context: ReqContext
@@ -269,7 +293,7 @@ class CPUOffloadingManager(CPUManagerState):
             evicted = found
         # Counted once eviction can no longer raise: a broken policy leaves the stats as they were.
         self.counters.observe_allocation(count)
-        new_blocks = self._slots.allocate(count)
+        new_blocks = self._slots.allocate(to_store)
         self._policy.insert_many(to_store, new_blocks)
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
         if evicted and (hook := self.hooks.blocks_evicted) is not None:
@@ -310,3 +334,16 @@ class CPUOffloadingManager(CPUManagerState):
             hook = self.hooks.store_failed
         if hook is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
+
+    # -- the request flow for a caller holding the entry guard -----------------------------
+    # A tiered manager over this CPU tier takes this manager's entry token as its own (one
+    # guard per call of the stack: a hook calling either manager back is refused) and calls
+    # these bodies while it holds it.
+
+    _held_on_new_request = unguarded(on_new_request)
+    _held_on_request_finished = unguarded(on_request_finished)
+    _held_prepare_load = unguarded(prepare_load)
+    _held_complete_load = unguarded(complete_load)
+    _held_touch = unguarded(touch)
+    _held_prepare_store = unguarded(prepare_store)
+    _held_complete_store = unguarded(complete_store)

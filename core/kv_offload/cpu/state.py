@@ -272,6 +272,7 @@ class CPUManagerState(OffloadingManager):
             hook(manager=self)
 
     _reset_cache = unguarded(reset_cache)
+    _held_take_events = unguarded(take_events)
 
     def get_stats(self) -> OffloadingStats:
         return self.counters.snapshot(self.num_blocks, self._slots)
@@ -300,3 +301,5 @@ class CPUManagerState(OffloadingManager):
             for plugin in self._own_plugins:
                 self.plugin_manager.unregister(plugin)
         errors.raise_pending()
+
+    _held_shutdown = unguarded(shutdown)

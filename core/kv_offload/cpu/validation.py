@@ -10,18 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..block_status import PENDING_REF_CNT, BlockStatus
+from ..block_status import PENDING_REF_CNT
 from ..errors import (
     HookError,
     InvalidArgumentError,
     InvalidKeyError,
     KeyStateError,
     ManagerError,
-    PluginError,
 )
 from ..keys import OffloadKey
-from ..policies.base import split_pairs
-from .slots import SlotTable
 
 __all__ = [
     "admitted",
@@ -37,7 +34,6 @@ __all__ = [
     "not_readable",
     "short",
     "storable_error",
-    "victims",
 ]
 
 
@@ -216,42 +212,6 @@ def admitted(answer: Any, to_store: list[OffloadKey]) -> list[OffloadKey]:
             kind="hook",
         ) from None
     return [key for key in to_store if key in allowed]
-
-
-def victims(
-    answer: Any,
-    split: bool,
-    expected: int,
-    protected: set[Any],
-    slots: SlotTable,
-    policy_name: str,
-) -> tuple[list[OffloadKey], list[BlockStatus]]:
-    """A policy's eviction answer as keys and blocks, checked against the contract: ``(keys,
-    blocks)`` from ``evict_split`` when ``split``, else ``evict()``'s ``(key, block)`` pairs.
-
-    The policy is a plugin: a victim that is pinned, pending or protected would have its
-    bytes overwritten while in use, so the contract is checked, not trusted.
-    """
-    try:
-        keys, blocks = answer if split else split_pairs(answer)
-        kept = (
-            len(keys) == expected == len(blocks)
-            and not any(map(slots.refs.__getitem__, blocks))  # idle (raises for a non-slot)
-            and protected.isdisjoint(keys)
-        )
-    except (TypeError, ValueError, IndexError):
-        kept = False
-    if not kept:
-        method = "evict_split" if split else "evict"
-        got = describe_victims(as_pairs(answer) if split else answer, slots.refs.__getitem__)
-        raise PluginError(
-            f"policy {policy_name!r} broke the evict() contract: asked for {expected} "
-            f"(key, BlockStatus) pairs of idle, unprotected blocks, got {got}; fix the "
-            f"policy's {method}()",
-            kind="policy",
-            plugin=policy_name,
-        )
-    return keys, blocks
 
 
 def closed_error(operation: str) -> ManagerError:

@@ -1,27 +1,32 @@
 """The CPU tier in front of secondary tiers: cascades stores, promotes misses.
 
 * A successful ``complete_store`` cascades the blocks to every secondary tier (a job per
-  tier, see :mod:`kv_offload.tiering.jobs`).
+  tier); a tier with backpressure on has a cascade gate that may drop cascades to it
+  (:mod:`kv_offload.tiering.cascade_gate`).
 * A CPU miss that a tier has reserves a CPU slot and queues a promotion, submitted at
-  ``on_schedule_end()`` (:mod:`kv_offload.tiering.promotions`).
-* A tier with backpressure on has a cascade gate that may drop cascades to it
-  (:mod:`kv_offload.tiering.cascade_gate`); request-level offload and per-request tier
-  filters live in :mod:`kv_offload.tiering.request_scope`.
+  ``on_schedule_end()``.
+* Request-level offload and per-request tier filters: :mod:`kv_offload.tiering.request_scope`.
 
-It drives the CPU manager through its public API only, and records the tiers' events in the
-CPU manager's event log, so one log holds the whole stack's events in order.
+This module is the only code that calls the CPU tier. The job table
+(:mod:`kv_offload.tiering.jobs`: jobs, the promotion state machine, per-tier counters and
+fault reports) and the request scope decide what to pin, reserve, complete or ask; the
+manager acts on their decisions and tells them the outcome. The manager takes the CPU tier's
+entry token as its own, so each call of the stack takes one entry guard and the CPU tier's
+bodies run without a second one; the CPU tier validates the input once. The tiers' events are
+recorded in the CPU manager's event log, so one log holds the whole stack's events in order.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
-from ..concurrency import entry_guarded, new_entry_token
+from ..concurrency import entry_guarded
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import as_list, check_context, closed_error, not_bytes, short
 from ..errors import ConfigError, KeyStateError
@@ -36,13 +41,11 @@ from ..types import (
     PrepareStoreOutput,
     ReqContext,
 )
-from .base import SecondaryTierManager
+from .base import JobDirection, SecondaryTierManager
 from .cascade_gate import build_gate
-from .jobs import JobTable
+from .jobs import Finished, JobTable, PromotionLimits
 from .names import name_tiers
-from .promotion_limits import PromotionLimits
-from .promotions import Promotions
-from .request_scope import RequestScope
+from .request_scope import RequestScope, WholeRequest
 from .stats import TieringStats, TierStats
 
 __all__ = ["TieringOffloadingManager"]
@@ -51,6 +54,8 @@ logger = logging.getLogger("kv_offload.tiering")
 
 _MISS = LookupResult.MISS
 _PENDING = LookupResult.PENDING
+_LOAD = JobDirection.LOAD
+_STORE = JobDirection.STORE
 #: Refuses a batch holding a key that is not bytes-like: a tier writes keys as bytes, and one
 #: bad key in a cascade job would fail the good keys with it.
 _JOIN = b"".join
@@ -62,17 +67,16 @@ class TieringOffloadingManager(OffloadingManager):
     ``backpressure`` is the default ``backpressure`` table of tiers that have no cascade gate
     of their own (a config's global ``[backpressure]``); ``None`` leaves them ungated.
     ``promotion_limits`` bounds every ``PENDING`` answer (promotion deadline, failure backoff:
-    :mod:`kv_offload.tiering.promotion_limits`); ``None`` takes the defaults.
+    :mod:`kv_offload.tiering.jobs`); ``None`` takes the defaults.
 
-    Single-threaded like its CPU tier: every request-flow method, ``drain``, ``take_events``,
-    ``reset_cache`` and ``shutdown`` take the entry guard of :mod:`kv_offload.concurrency`
-    (and the CPU tier's own guard when they call it), so a second thread, or a hook calling
-    back into the flow (say from ``tier_job_finished``), gets
-    :class:`~kv_offload.ConcurrentUseError` with nothing changed. ``get_stats()``,
-    ``cpu_stats()``, ``tier_stats()`` and ``has_pending_work()`` are lock-free reads. Tiers
-    never call the manager: their threads touch only the CPU buffer rows of their jobs, and
-    results are collected here, on the scheduler's thread. Share the stack between threads
-    with :func:`kv_offload.synchronized`.
+    Single-threaded like its CPU tier, whose entry token it shares: every request-flow method,
+    ``drain``, ``take_events``, ``reset_cache`` and ``shutdown`` take the entry guard of
+    :mod:`kv_offload.concurrency` once, so a second thread, or a hook calling back into either
+    manager (say from ``tier_job_finished``), gets :class:`~kv_offload.ConcurrentUseError`
+    with nothing changed. ``get_stats()``, ``cpu_stats()``, ``tier_stats()`` and
+    ``has_pending_work()`` are lock-free reads. Tiers never call the manager: their threads
+    touch only the CPU buffer rows of their jobs, and results are collected here, on the
+    scheduler's thread. Share the stack between threads with :func:`kv_offload.synchronized`.
     """
 
     def __init__(
@@ -102,24 +106,25 @@ class TieringOffloadingManager(OffloadingManager):
                     locality = tier.locality or Locality.LOCAL
                     tier.cascade_gate = build_gate(backpressure, tier.name, locality)
         self._errors = HookErrorLog()
-        self._jobs = JobTable(self, primary, self.tiers, self._errors, promotion_limits)
-        self._scope = RequestScope(self.tiers, primary, self._jobs)
-        self._promotions = Promotions(primary, self.tiers, self._jobs, self._errors)
+        block_size = primary.kv_buffer.block_size_bytes
+        self._jobs = JobTable(self, self.tiers, self._errors, block_size, promotion_limits)
+        self._scope = RequestScope(self.tiers)
         self._closed = False
         #: Engine pins (prepare_load minus complete_load) per key; cascade pins are not here.
         self._load_pins: Counter[OffloadKey] = Counter()
-        self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
+        #: The CPU tier's entry token: one guard for a call of the stack (concurrency.py).
+        self._entry = primary._entry
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
         ]
 
-    # -- delegated parts of the manager API -----------------------------------------------
+    # -- the request flow -----------------------------------------------------------------
 
     @entry_guarded
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Start the request in the CPU tier and ask every tier for its offload policy:
         ``REQUEST_LEVEL`` if any tier wants the whole request, else ``CHUNK_LEVEL``."""
-        self.primary.on_new_request(req_context)
+        self.primary._held_on_new_request(req_context)
         return self._scope.start(req_context)
 
     @entry_guarded
@@ -128,7 +133,7 @@ class TieringOffloadingManager(OffloadingManager):
     ) -> CPULoadStoreSpec:
         if self._closed:
             raise closed_error("prepare_load")
-        spec = self.primary.prepare_load(keys, req_context)
+        spec = self.primary._held_prepare_load(keys, req_context)
         self._load_pins.update(keys)
         return spec
 
@@ -139,7 +144,7 @@ class TieringOffloadingManager(OffloadingManager):
         otherwise take the cascade's pin and let the block be evicted while a tier reads it."""
         if self._closed:
             raise closed_error("complete_load")
-        key_list = as_list(keys, "complete_load")
+        key_list = keys if type(keys) is list else as_list(keys, "complete_load")
         pins = self._load_pins
         try:
             unpinned = next((k for k in key_list if pins.get(k, 0) <= 0), None)
@@ -153,7 +158,7 @@ class TieringOffloadingManager(OffloadingManager):
                 key=unpinned,
                 operation="complete_load",
             )
-        self.primary.complete_load(key_list, req_context)
+        self.primary._held_complete_load(key_list, req_context)
         pins.subtract(key_list)
         for k in key_list:
             if pins[k] <= 0:
@@ -179,16 +184,15 @@ class TieringOffloadingManager(OffloadingManager):
         if len(self._jobs) and len(keys) > primary.num_storable_blocks:
             # Blocks pinned by finished cascades may be in the way: collect those results
             # first, so the CPU tier is asked once (one offer, one allocation counted).
-            self._jobs.poll()
+            self._collect()
         output: PrepareStoreOutput | None = self._errors.call(
-            primary.prepare_store, keys, req_context, protected=protected
+            primary._held_prepare_store, keys, req_context, protected=protected
         )
         if output is not None and self._scope.whole:
             whole = self._scope.whole.get(req_context.req_id)
             if whole is not None:
                 new = set(output.keys_to_store)
-                present = [k for k in keys if k not in new]
-                self._scope.cascade_present(present, whole)
+                self._cascade_present([k for k in keys if k not in new], whole)
         if self._errors.pending:
             self._errors.raise_pending(output)
         return output
@@ -197,7 +201,7 @@ class TieringOffloadingManager(OffloadingManager):
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if self._closed:
             raise closed_error("touch")
-        self.primary.touch(keys, req_context)
+        self.primary._held_touch(keys, req_context)
         for tier in self.tiers:
             tier.touch(keys, req_context)
 
@@ -214,15 +218,43 @@ class TieringOffloadingManager(OffloadingManager):
         tiers the request's ``load_tier_filter`` allows are asked.
         """
         indices = self._scope.tiers_for(req_context)  # raises before anything changed
-        result = self.primary.lookup(key, req_context)
+        result = self.primary._held_lookup(key, req_context)
         if not self.tiers:
             return result
+        jobs = self._jobs
         if result is not _MISS:
-            if result is _PENDING and self._promotions.expired(key):
-                return _MISS  # a promotion past its deadline (tiering/promotion_limits.py)
-            self._promotions.note_found(req_context.req_id, key)
+            if result is _PENDING and jobs.expired(key):
+                return _MISS  # a promotion past its deadline (tiering/jobs.py)
+            jobs.note_found(req_context.req_id, key)
             return result
-        return self._promotions.ask_tiers(indices, key, req_context)
+        decision = jobs.ask(indices, key, req_context)
+        if isinstance(decision, LookupResult):
+            return decision
+        return self._reserve(decision, key, req_context)
+
+    def _reserve(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        """Reserve a CPU slot for ``key``, held by tier ``index``, and queue its load:
+        ``PENDING``, or ``MISS`` when no CPU slot can be freed (or an admission hook said no).
+        Keys the request found are protected: evicting an earlier hit of the same prefix
+        would break its ``prepare_load``."""
+        # A store-admission hook raises before anything changed (and so does this call); an
+        # eviction hook raises after the slot was reserved: queue the promotion, then report.
+        # A promotion is not an offer: the reuse filter admitted the block when it was stored.
+        jobs = self._jobs
+        out = self._errors.call(
+            self.primary._held_prepare_store,
+            [key],
+            ctx,
+            protected=jobs.protected(ctx.req_id),
+            bypass_reuse_filter=True,
+        )
+        if out is None or not out.keys_to_store:
+            self._errors.raise_pending()  # an admission hook raised: nothing changed
+            jobs.refused(index)
+            return _MISS
+        jobs.reserved(index, key, ctx, int(out.store_spec.block_ids[0]))
+        self._errors.raise_pending()
+        return _PENDING
 
     @entry_guarded
     def on_schedule_end(self) -> None:
@@ -235,10 +267,11 @@ class TieringOffloadingManager(OffloadingManager):
                 tier.on_schedule_end()
             except Exception:
                 logger.exception("tier %r raised from on_schedule_end(); ignored", tier.name)
-        self._promotions.submit()
-        self._jobs.poll()
+        self._submit_queued()
+        self._collect()
         if self._scope.whole:
-            self._scope.flush_parked()
+            for whole, keys in self._scope.take_parked():
+                self._cascade_present(keys, whole)
         self._errors.raise_pending()
 
     # -- stores and cascades --------------------------------------------------------------
@@ -250,14 +283,89 @@ class TieringOffloadingManager(OffloadingManager):
         """Complete the CPU store; on success cascade the blocks to every secondary tier."""
         if self._closed:
             raise closed_error("complete_store")
-        key_list = as_list(keys, "complete_store")
-        self._promotions.check_not_promoting(key_list, "complete_store")
+        key_list = keys if type(keys) is list else as_list(keys, "complete_store")
+        self._jobs.check_not_promoting(key_list, "complete_store")
         # The CPU store is done even if one of its hooks raised: cascade it, then report.
-        self._errors.call(self.primary.complete_store, key_list, req_context, success)
+        self._errors.call(self.primary._held_complete_store, key_list, req_context, success)
         if success and key_list:
             for index in range(len(self.tiers)):
-                self._jobs.cascade(index, key_list, req_context)
+                self._cascade(index, key_list, req_context)
         self._errors.raise_pending()
+
+    def _cascade(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> None:
+        """One cascade job of ``keys`` to tier ``index``, pinning them, unless its gate drops
+        it (the job table counts that and fires ``kv_offload_cascade_dropped``)."""
+        primary = self.primary
+        if self._jobs.admit(index, keys, ctx, primary.hooks):
+            slots = primary._pin(keys, ctx, "cascade")
+            self._submit(index, _STORE, keys, slots, ctx)
+
+    def _cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
+        """Cascade the request's ``keys`` that are readable in the CPU tier to the tiers that
+        want it whole (the request scope decides, parking keys still being promoted)."""
+        ref_count = self.primary.ref_count
+        ready = self._scope.ready(whole, keys, [ref_count(k) for k in keys], self._jobs.promoting)
+        if ready:
+            for index in whole.tiers:
+                self._cascade(index, ready, whole.context)
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def _submit(
+        self,
+        index: int,
+        direction: JobDirection,
+        keys: list[OffloadKey],
+        slots: Sequence[int],
+        ctx: ReqContext,
+    ) -> None:
+        failed = self._jobs.submit(index, direction, keys, slots, ctx)
+        if failed is not None:  # the tier raised: the job failed at once
+            self._land(failed)
+
+    def _submit_queued(self, req_id: str | None = None) -> None:
+        """Submit the queued promotions (of one request, or all) as tier jobs."""
+        for index, ctx, keys, slots in self._jobs.take_queued(req_id):
+            self._submit(index, _LOAD, keys, slots, ctx)
+
+    def _collect(self) -> None:
+        """Act on every finished tier job."""
+        for done in self._jobs.collect():
+            self._land(done)
+
+    def _land(self, done: Finished) -> None:
+        """A job ended: a promotion completes its CPU store (landed keys loadable, failed
+        keys' slots freed); a cascade releases its pins and records the tier's event. Then
+        the job table counts it and fires the tier hooks."""
+        primary = self.primary
+        ctx = done.req_context
+        if done.direction is _LOAD:
+            call = self._errors.call
+            if done.good:
+                call(primary._held_complete_store, done.good, ctx, True)
+            if done.failed:
+                call(primary._held_complete_store, done.failed, ctx, False)
+        else:
+            primary._unpin(done.keys, ctx, "cascade")
+            log = primary.event_log
+            if log is not None and done.good:
+                log.record(list(done.good), done.tier.name, False)
+        self._jobs.report(done, primary.hooks)
+
+    def _drain(self, timeout: float | None = None) -> None:
+        """Submit queued promotions and poll until every tier job has reported; raise
+        :class:`~kv_offload.errors.ManagerError` after ``timeout`` seconds."""
+        self._submit_queued()
+        deadline = time.monotonic() + (self.drain_timeout if timeout is None else timeout)
+        delay = 0.0005
+        while True:
+            self._collect()
+            if not len(self._jobs):
+                return
+            if time.monotonic() >= deadline:
+                raise self._jobs.waiting_error()
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -265,18 +373,21 @@ class TieringOffloadingManager(OffloadingManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         if self._closed:
             raise closed_error("on_request_finished")
-        check_context(req_context, "on_request_finished")  # before any tier is told
-        self._promotions.finish(req_context.req_id)
+        if getattr(req_context, "req_id", None) is None:  # before any tier is told
+            check_context(req_context, "on_request_finished")
+        req_id = req_context.req_id
+        self._submit_queued(req_id)  # its queued promotions go out now
+        self._jobs.finish_request(req_id)
         if self._scope.whole:
-            self._scope.finish(req_context.req_id)
+            self._scope.finish(req_id)
         for tier in self.tiers:
             tier.on_request_finished(req_context)
-        self._errors.call(self.primary.on_request_finished, req_context)
+        self._errors.call(self.primary._held_on_request_finished, req_context)
         self._errors.raise_pending()
 
     def has_pending_work(self) -> bool:
         """Whether tier jobs or queued promotions are outstanding."""
-        return bool(len(self._jobs) or self._promotions.queued)
+        return bool(len(self._jobs) or self._jobs.queued)
 
     @entry_guarded
     def drain(self, timeout: float | None = None) -> None:
@@ -284,14 +395,10 @@ class TieringOffloadingManager(OffloadingManager):
         self._drain(timeout)
         self._errors.raise_pending()
 
-    def _drain(self, timeout: float | None = None) -> None:
-        self._promotions.submit()
-        self._jobs.drain(self.drain_timeout if timeout is None else timeout)
-
     @entry_guarded
     def take_events(self) -> list[OffloadingEvent]:
         """The whole stack's events since the last call, in the order they happened."""
-        return self.primary.take_events()
+        return self.primary._held_take_events()
 
     @entry_guarded
     def reset_cache(self) -> None:
@@ -300,15 +407,15 @@ class TieringOffloadingManager(OffloadingManager):
         backpressure measurements restart; secondary tiers keep their blocks (they may be
         shared with other engines). If a tier does not report in time the drain raises
         :class:`~kv_offload.errors.ManagerError` and nothing is reset."""
-        self._promotions.cancel()
-        self._jobs.drain(self.drain_timeout)
-        self._errors.call(self.primary.reset_cache)
+        primary = self.primary
+        for ctx, keys in self._jobs.cancel_queued():
+            self._errors.call(primary._held_complete_store, keys, ctx, False)
+        self._drain(self.drain_timeout)
+        self._errors.call(primary._reset_cache)
         self._load_pins.clear()
-        self._jobs.promoting.clear()
-        self._jobs.limits.clear()
+        self._jobs.reset()
         for whole in self._scope.whole.values():
             whole.parked.clear()
-        self._jobs.reset_stats()
         self._errors.raise_pending()
 
     def get_stats(self) -> TieringStats:
@@ -316,7 +423,7 @@ class TieringOffloadingManager(OffloadingManager):
             cpu=self.primary.get_stats(),
             tiers=self.tier_stats(),
             jobs_in_flight=len(self._jobs),
-            promotions_queued=self._promotions.blocks_queued(),
+            promotions_queued=self._jobs.blocks_queued(),
         )
 
     def cpu_stats(self) -> OffloadingStats:
@@ -336,7 +443,7 @@ class TieringOffloadingManager(OffloadingManager):
             self._drain()
         finally:
             try:
-                self._errors.call(self.primary.shutdown)
+                self._errors.call(self.primary._held_shutdown)
             finally:
                 for tier in self.tiers:
                     try:

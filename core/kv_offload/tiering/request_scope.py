@@ -11,20 +11,21 @@
 * **Tier filters** (``ReqContext.load_tier_filter``, vLLM's ``TierFilter``): the tiers a
   request's ``lookup`` may ask, resolved once per distinct filter to tier positions. A filter
   naming a tier the stack does not have is an :class:`~kv_offload.errors.InvalidArgumentError`.
+
+It decides (which keys to cascade to which tiers, which tiers a lookup asks) and the tiered
+manager acts: it reads the CPU tier's ref counts and pins what is cascaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..cpu import CPUOffloadingManager
 from ..errors import InvalidArgumentError
 from ..keys import OffloadKey
 from ..tier_types import OffloadPolicy, RequestOffloadingContext, TierFilter
 from ..types import ReqContext
 from .base import SecondaryTierManager
-from .jobs import JobTable
 
 __all__ = ["RequestScope", "WholeRequest"]
 
@@ -44,12 +45,8 @@ class WholeRequest:
 class RequestScope:
     """Which requests are request-level (for which tiers) and what each tier filter allows."""
 
-    def __init__(
-        self, tiers: Sequence[SecondaryTierManager], primary: CPUOffloadingManager, jobs: JobTable
-    ) -> None:
+    def __init__(self, tiers: Sequence[SecondaryTierManager]) -> None:
         self._tiers = tiers
-        self._primary = primary
-        self._jobs = jobs
         self._names = [tier.name for tier in tiers]
         #: req_id -> the request-level state of requests some tier wants whole.
         self.whole: dict[str, WholeRequest] = {}
@@ -73,28 +70,34 @@ class RequestScope:
     def finish(self, req_id: str) -> None:
         self.whole.pop(req_id, None)
 
-    def cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
-        """Cascade the readable ``keys`` to the request's tiers; park those being promoted."""
+    def ready(
+        self,
+        whole: WholeRequest,
+        keys: list[OffloadKey],
+        counts: list[int | None],
+        promoting: Collection[OffloadKey],
+    ) -> list[OffloadKey]:
+        """Which of the request's ``keys`` (with their CPU ref counts, ``None``: absent) to
+        cascade to ``whole.tiers`` now: the readable ones. Keys being promoted are parked for
+        a later step; absent keys and keys an engine store is writing are left out (that
+        store's ``complete_store`` cascades them to every tier)."""
         ready = []
-        for key in keys:
-            count = self._primary.ref_count(key)
+        for key, count in zip(keys, counts):
             if count is None:
                 continue  # gone (or never there): nothing to send
             if count >= 0:
                 ready.append(key)
-            elif key in self._jobs.promoting:
+            elif key in promoting:
                 whole.parked.append(key)
-            # else: an engine store in flight; its complete_store cascades it to every tier
-        if ready:
-            for index in whole.tiers:
-                self._jobs.cascade(index, ready, whole.context)
+        return ready
 
-    def flush_parked(self) -> None:
-        """Cascade parked keys whose promotion landed (``on_schedule_end``)."""
-        for whole in self.whole.values():
+    def take_parked(self) -> Iterator[tuple[WholeRequest, list[OffloadKey]]]:
+        """Each request's parked keys, taken off it (``on_schedule_end`` asks again whether
+        their promotion landed)."""
+        for whole in list(self.whole.values()):
             if whole.parked:
                 keys, whole.parked = whole.parked, []
-                self.cascade_present(keys, whole)
+                yield whole, keys
 
     def tiers_for(self, ctx: ReqContext) -> tuple[int, ...]:
         """The positions of the tiers the request's lookups may ask, in order (all of them

@@ -40,7 +40,7 @@ class TierStats:
     #: not True/False/None, a ``get_finished`` item that is not a ``JobResult``).
     contract_errors: int = 0
     #: Promotions from this tier past their deadline (answered MISS; see
-    #: :mod:`kv_offload.tiering.promotion_limits`), and lookups of keys not asked of this
+    #: :mod:`kv_offload.tiering.jobs`), and lookups of keys not asked of this
     #: tier because an earlier promotion of the key from it failed (backoff).
     expired_promotions: int = 0
     backed_off_lookups: int = 0
