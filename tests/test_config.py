@@ -19,9 +19,9 @@ from kv_offload import (
     build_manager,
     load_config,
 )
-from kv_offload import config as config_module
 from kv_offload.config import DEFAULT_CONFIG
-from kv_offload.config_schema import (
+from kv_offload.config import parse as config_module
+from kv_offload.config.schema import (
     DOCS_PATH,
     HOOK_FIELDS,
     REGENERATE,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from _dists import DistSpec, ModuleFactory, _clean_env
 from kv_offload import ConfigError, build_manager, load_config
-from kv_offload.config_env import EnvironmentOverrideWarning, select_hooks
-from kv_offload.config_memory import physical_memory_bytes
+from kv_offload.config.env import EnvironmentOverrideWarning, select_hooks
+from kv_offload.config.memory import physical_memory_bytes
 from kv_offload.plugins import ExperimentalPluginWarning
 from test_cli import SCRIPT, assert_one_line_error, kvo_many
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from _dists import DistSpec, PluginEnv
-from kv_offload.hooks import HOOK_ENTRY_POINT_GROUP
+from kv_offload.plugins import HOOK_ENTRY_POINT_GROUP
 
 KNOB = DistSpec(
     name="kv-offload-hook-knob-test",

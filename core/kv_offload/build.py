@@ -8,7 +8,7 @@ from typing import Any
 
 from .base import OffloadingManager
 from .config import StackConfig, hook_settings_error, load_config, tier_error
-from .config_resolve import memory_error
+from .config.resolve import memory_error
 from .cpu import CPUOffloadingManager
 from .errors import ConfigError, PluginSettingsError
 from .plugins import KVOffloadPluginManager
@@ -34,7 +34,7 @@ def build_manager(
     Without tiers the result is a :class:`CPUOffloadingManager`; with tiers, a
     :class:`TieringOffloadingManager` whose CPU tier owns a KV buffer of
     ``num_blocks x block_size_bytes``. Hook plugins load per the config's ``[hooks]`` table,
-    under the environment's precedence (:mod:`kv_offload.config_env`), unless
+    under the environment's precedence (:mod:`kv_offload.config.env`), unless
     ``plugin_manager`` is given; a plugin's ``[hooks.<name>]`` settings go to its
     ``create_plugin``, whose errors (a port in use) are reported like validation errors.
     """

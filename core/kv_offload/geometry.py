@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import StackConfig
-from .config_memory import human, physical_memory_bytes
+from .config.memory import human, physical_memory_bytes
 from .errors import ConfigError
 
 __all__ = [

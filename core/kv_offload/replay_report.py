@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .config_memory import human
+from .config.memory import human
 from .replay_clock import TierJob
 
 __all__ = ["busy_seconds", "latency_summary", "tier_throughput"]

@@ -29,7 +29,7 @@ from kv_offload import (
     get_plugin_manager,
     hookimpl,
 )
-from kv_offload.config_env import EnvironmentOverrideWarning
+from kv_offload.config.env import EnvironmentOverrideWarning
 from kv_offload.plugins import BrokenPluginWarning
 from kv_offload.plugins import loading as hooks_module
 from kv_offload_example_tier import ExampleSecondaryTierManager

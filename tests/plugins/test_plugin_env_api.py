@@ -19,7 +19,7 @@ from kv_offload import (
     create_plugin_manager,
     load_config,
 )
-from kv_offload.config_env import EnvironmentOverrideWarning
+from kv_offload.config.env import EnvironmentOverrideWarning
 from kv_offload.plugins import loading as hooks_module
 from kv_offload.tier_types import Locality
 from kv_offload.tiering.cascade_gate import build_gate

@@ -13,7 +13,7 @@ import pytest
 from _policy_harness import k, run_request
 from kv_offload import CachePolicy, CPUOffloadingManager, OffloadKey, ReqContext
 from kv_offload.policies.base import splits_victims
-from kv_offload.policy_factory import CachePolicyFactory
+from kv_offload.policies.factory import CachePolicyFactory
 from kv_offload_lru import LRUCachePolicy
 
 recorded: list[tuple[str, list[OffloadKey], str]] = []

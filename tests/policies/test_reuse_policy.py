@@ -288,7 +288,7 @@ class RecencyOnly(ReuseCachePolicy):
 def test_the_recency_mode_is_exactly_lru_through_the_manager() -> None:
     from pathlib import Path
 
-    from kv_offload.policy_factory import CachePolicyFactory
+    from kv_offload.policies.factory import CachePolicyFactory
     from kv_offload.replay import replay
     from kv_offload.trace import read_trace
 

@@ -23,7 +23,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from ..config_env import ALLOW_MODULE_PATH_ENV
+from ..config.env import ALLOW_MODULE_PATH_ENV
 from ..errors import KVOffloadError
 from .parser import build_parser
 

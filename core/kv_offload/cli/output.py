@@ -96,7 +96,7 @@ def _print_timed(report: dict[str, Any]) -> None:
 def _rate(value: float | None) -> str:
     if value is None:
         return "-"
-    from ..config_memory import human
+    from ..config.memory import human
 
     return f"{human(int(value))}/s"
 

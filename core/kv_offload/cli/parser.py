@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config_env import ALLOW_MODULE_PATH_ENV
+from ..config.env import ALLOW_MODULE_PATH_ENV
 from ..geometry import MODEL_PRESETS
 from ..trace import MOONCAKE_BLOCK_TOKENS
 from .compare_cmd import cmd_compare

@@ -7,9 +7,9 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from ..config_env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
-from ..config_memory import human, physical_memory_bytes
-from ..config_resolve import estimate_memory
+from ..config.env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
+from ..config.memory import human, physical_memory_bytes
+from ..config.resolve import estimate_memory
 from ..policies import CachePolicyFactory
 from ..tiering import SecondaryTierFactory
 from .default_stack import describe_stack

@@ -1,7 +1,7 @@
 """The environment variables that decide which plugins load, read one way everywhere.
 
 The person running the process has the last word, over a config file
-(:mod:`kv_offload.config_env`) and over the arguments a program passes
+(:mod:`kv_offload.config.env`) and over the arguments a program passes
 (:func:`~kv_offload.create_plugin_manager`, ``cache_policy_module_path``, a tier config's
 ``module_path``) alike:
 

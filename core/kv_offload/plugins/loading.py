@@ -234,7 +234,7 @@ def create_plugin_manager(
     ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` (``1``/``0``, ``true``/``false``, ...) decides
     ``autoload``; ``KV_OFFLOAD_PLUGINS`` replaces ``allow`` (never widens it);
     ``KV_OFFLOAD_BLOCK_PLUGINS`` adds to ``block``. Overriding an explicit argument warns
-    with :class:`~kv_offload.config_env.EnvironmentOverrideWarning`.
+    with :class:`~kv_offload.config.env.EnvironmentOverrideWarning`.
     """
     env = hook_env(autoload, allow, block, API_LABELS)
     for override in env.overrides:

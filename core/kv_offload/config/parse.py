@@ -1,48 +1,26 @@
-"""One config (a TOML file or a dict) that selects and builds the whole stack by name.
+"""Step 2 of the config flow: a mapping (a TOML file's tables, or a dict) validated key by key
+into a :class:`~kv_offload.config.model.StackConfig`.
 
-The keys are declared once, in :mod:`kv_offload.config_schema` (this module derives its known
-keys and defaults from there), and documented in ``docs/configuration.md``, a table generated
-from the same declarations so that the documentation cannot drift from the parser.
-
-Validation runs before anything is built and stops at the first problem, with a message that
-names the key (and, for a TOML file, the file and line); the :class:`~kv_offload.ConfigError`
-carries that key as ``key``.
+The keys are declared once, in :mod:`.schema` (this module derives its known keys and
+defaults from there), and documented in ``docs/configuration.md``, a table generated from the
+same declarations so that the documentation cannot drift from the parser. Validation stops at
+the first problem, with a message that names the key (and, for a TOML file, the file and
+line); the :class:`~kv_offload.ConfigError` carries that key as ``key``. Plugin names are
+checked in the next step, :mod:`.resolve` (it needs the installed plugins).
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from .config_env import HookSelection, select_hooks
-from .config_locate import KeyPath, Locator, Validator
-from .config_resolve import hook_settings_error, load_hook_entry_point, resolve_config, tier_error
-from .config_schema import HOOK_FIELDS, REQUIRED, TABLES, TIER_FIELDS, TOP_FIELDS, Field
-from .errors import ConfigError
-from .redact import redact_secrets
-from .tiering.names import TierNameError, tier_names
+from ..errors import ConfigError
+from ..tiering.names import TierNameError, tier_names
+from .locate import KeyPath, Locator, Validator
+from .model import HooksConfig, StackConfig, TierConfig
+from .schema import HOOK_FIELDS, REQUIRED, TABLES, TIER_FIELDS, TOP_FIELDS, Field
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
-
-__all__ = [
-    "StackConfig",
-    "TierConfig",
-    "HooksConfig",
-    "load_config",
-    "parse_config",
-    "resolve_config",
-    "tier_error",
-    "hook_settings_error",
-    "load_hook_entry_point",
-    "DEFAULT_CONFIG",
-]
+__all__ = ["parse_config"]
 
 _TOP = {f.name: f for f in TOP_FIELDS}
 _HOOKS = {f.name: f for f in HOOK_FIELDS}
@@ -51,84 +29,6 @@ _HOOKS = {f.name: f for f in HOOK_FIELDS}
 _TOP_KEYS = {*_TOP, *TABLES, "backpressure"}
 _HOOK_KEYS = set(_HOOKS)
 _TIER_KEYS = {f.name for f in TIER_FIELDS}
-
-#: The embedded default: a CPU tier in front of the in-memory example tier, no external service.
-DEFAULT_CONFIG: dict[str, Any] = {
-    "num_blocks": 5000,
-    "block_size_bytes": 4096,
-    "policy": "lru",
-    "tiers": [{"type": "example", "capacity_blocks": 20000}],
-}
-
-
-@dataclass(frozen=True)
-class TierConfig:
-    type: str
-    module_path: str | None = None
-    arguments: dict[str, Any] = field(default_factory=dict)
-    name: str | None = None
-
-    def as_factory_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"type": self.type, **self.arguments}
-        if self.module_path is not None:
-            config["module_path"] = self.module_path
-        if self.name is not None:
-            config["name"] = self.name
-        return config
-
-
-@dataclass(frozen=True)
-class HooksConfig:
-    autoload: bool = _HOOKS["autoload"].default
-    enable: tuple[str, ...] = _HOOKS["enable"].default
-    block: tuple[str, ...] = _HOOKS["block"].default
-    #: plugin name -> its ``[hooks.<name>]`` table, as written (checked by the plugin)
-    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """A validated config; :func:`kv_offload.build_manager` turns it into a manager."""
-
-    num_blocks: int = _TOP["num_blocks"].default
-    block_size_bytes: int | None = _TOP["block_size_bytes"].default
-    policy: str = _TOP["policy"].default
-    policy_module_path: str | None = _TOP["policy_module_path"].default
-    allow_module_path: bool = _TOP["allow_module_path"].default
-    enable_events: bool = _TOP["enable_events"].default
-    store_threshold: int = _TOP["store_threshold"].default
-    max_tracker_size: int = _TOP["max_tracker_size"].default
-    drain_timeout_s: float = _TOP["drain_timeout_s"].default
-    promotion_timeout_s: float = _TOP["promotion_timeout_s"].default
-    promotion_backoff_s: float = _TOP["promotion_backoff_s"].default
-    promotion_max_failures: int = _TOP["promotion_max_failures"].default
-    hooks: HooksConfig = field(default_factory=HooksConfig)
-    tiers: tuple[TierConfig, ...] = ()
-    source: str = "<dict>"
-
-    def describe(self) -> dict[str, Any]:
-        """A plain-data view of the resolved stack (what ``kv-offload validate`` prints)."""
-        shown = [f for f in TOP_FIELDS if f.shown is not None]
-        return {
-            "source": self.source,
-            "cpu": {f.name: getattr(self, f.name) for f in shown if f.shown == "cpu"},
-            # Printed by `kv-offload validate`: credentials in tier arguments are masked.
-            "tiers": [redact_secrets(t.as_factory_config()) for t in self.tiers],
-            "hooks": {
-                **{f.name: _plain(getattr(self.hooks, f.name)) for f in HOOK_FIELDS},
-                **({"settings": dict(self.hooks.settings)} if self.hooks.settings else {}),
-            },
-            **{f.name: getattr(self, f.name) for f in shown if f.shown == ""},
-        }
-
-    def hook_selection(self) -> HookSelection:
-        """The hook plugins this stack loads: its ``[hooks]`` table under the environment's
-        precedence (:mod:`kv_offload.config_env`)."""
-        return select_hooks(self.hooks.autoload, self.hooks.enable, self.hooks.block)
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
 
 
 def _with_defaults(values: dict[str, Any], fields: tuple[Field, ...]) -> dict[str, Any]:
@@ -263,30 +163,3 @@ def _forbid_module_paths(
                 raise v.fail(
                     (*path, key), "module_path imports are forbidden by allow_module_path = false"
                 )
-
-
-def load_config(config: Mapping[str, Any] | str | Path | StackConfig) -> StackConfig:
-    """A validated config from a dict, a TOML file path, or an existing :class:`StackConfig`,
-    with every plugin name resolved against what is installed."""
-    if isinstance(config, StackConfig):
-        parsed = config
-    elif isinstance(config, (str, Path)):
-        path = Path(config)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not a UTF-8 text file (TOML): {exc.reason}") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            # tomllib says "... (at line 3, column 9)"; say it the way every other error does.
-            found = re.search(r"at line (\d+)", str(exc))
-            where = f"{path}:{found.group(1)}" if found else str(path)
-            raise ConfigError(f"{where}: invalid TOML: {exc}") from None
-        parsed = parse_config(data, str(path), text)
-    else:
-        parsed = parse_config(config)
-    resolve_config(parsed)
-    return parsed

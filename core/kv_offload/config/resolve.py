@@ -3,8 +3,8 @@
 Every plugin the config names must resolve (only the selected ones are imported); each tier's
 arguments must fit its constructor's signature and pass the tier's own
 :meth:`~kv_offload.SecondaryTierManager.validate_arguments`; the environment's overrides
-(:mod:`kv_offload.config_env`) must parse and are applied; and the stack must fit in the
-machine's memory (:mod:`kv_offload.config_memory`). Errors are located through the key they
+(:mod:`kv_offload.config.env`) must parse and are applied; and the stack must fit in the
+machine's memory (:mod:`kv_offload.config.memory`). Errors are located through the key they
 name, like every config error.
 """
 
@@ -18,27 +18,28 @@ from contextlib import contextmanager
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from .config_env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
-from .config_locate import KeyPath, Validator, did_you_mean
-from .config_memory import (
-    BOOKKEEPING_BYTES_PER_BLOCK,
-    MemoryEstimate,
-    human,
-    physical_memory_bytes,
-)
-from .errors import (
+from ..errors import (
     ConfigError,
     KVOffloadError,
     PluginImportError,
     PluginNotFoundError,
     PluginSettingsError,
 )
-from .hooks import HOOK_ENTRY_POINT_GROUP, parse_plugin_settings
-from .plugins import ExperimentalPluginWarning, PluginInfo, dist_label
-from .tier import OffloadingConfig, SecondaryTierManager
+from ..plugins import ExperimentalPluginWarning, PluginInfo, dist_label
+from ..plugins.loading import HOOK_ENTRY_POINT_GROUP
+from ..plugins.settings import parse_plugin_settings
+from ..tier import OffloadingConfig, SecondaryTierManager
+from .env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
+from .locate import KeyPath, Validator, did_you_mean
+from .memory import (
+    BOOKKEEPING_BYTES_PER_BLOCK,
+    MemoryEstimate,
+    human,
+    physical_memory_bytes,
+)
 
 if TYPE_CHECKING:
-    from .config import StackConfig, TierConfig
+    from .model import StackConfig, TierConfig
 
 __all__ = [
     "resolve_config",
@@ -130,7 +131,7 @@ def hook_settings_error(config: StackConfig, exc: PluginSettingsError) -> Config
 
 def estimate_memory(config: StackConfig) -> MemoryEstimate:
     """What ``config``'s stack will allocate (its plugins must resolve)."""
-    from .tier_factory import SecondaryTierFactory
+    from ..tiering.factory import SecondaryTierFactory
 
     classes = [SecondaryTierFactory.get_tier_class(t.as_factory_config()) for t in config.tiers]
     return _estimate(config, classes)
@@ -186,7 +187,7 @@ def _warnings_located_at(v: Validator, path: KeyPath) -> Iterator[None]:
 
 
 def _resolve_policy(v: Validator, config: StackConfig) -> None:
-    from .policy_factory import CachePolicyFactory
+    from ..policies.factory import CachePolicyFactory
 
     module_path = config.policy_module_path
     at: KeyPath = ("policy_module_path",) if module_path is not None else ("policy",)
@@ -205,7 +206,7 @@ def _resolve_policy(v: Validator, config: StackConfig) -> None:
 def _resolve_tier(
     v: Validator, index: int, tier: TierConfig, geometry: OffloadingConfig | None
 ) -> type[SecondaryTierManager]:
-    from .tier_factory import SecondaryTierFactory, check_tier_arguments
+    from ..tiering.factory import SecondaryTierFactory, check_tier_arguments
 
     at: KeyPath = ("tiers", index, "module_path" if tier.module_path is not None else "type")
     try:

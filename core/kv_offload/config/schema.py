@@ -259,12 +259,12 @@ _TIER_ARGUMENTS_ROW = ("`[[tiers]] <other>`", "any", "", "the tier's own constru
 #: Where the rendered page lives (from the repository root), and the command, run there, that
 #: rewrites it after a key changes; a test fails, quoting the command, until the two agree.
 DOCS_PATH: Final = "docs/configuration.md"
-REGENERATE: Final = "python -c 'from kv_offload.config_schema import write_docs; write_docs()'"
+REGENERATE: Final = "python -c 'from kv_offload.config.schema import write_docs; write_docs()'"
 
 _INTRO = (
     "Every key a config (a TOML file or a dict, see the README's Configuration section) "
     "accepts;\na TOML file may set any subset. Generated from the declarations in\n"
-    "`core/kv_offload/config_schema.py`; after changing a key, regenerate it with\n"
+    "`core/kv_offload/config/schema.py`; after changing a key, regenerate it with\n"
     f"`{REGENERATE}`."
 )
 

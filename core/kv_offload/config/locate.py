@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config_schema import Field, Invalid
-from .errors import ConfigError
+from ..errors import ConfigError
+from .schema import Field, Invalid
 
 __all__ = ["KeyPath", "Locator", "Validator", "did_you_mean", "dotted", "read_config_text"]
 

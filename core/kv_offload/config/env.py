@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from .hooks import HOOK_ENTRY_POINT_GROUP, KVOffloadPluginManager
-from .plugins.env import (
+from ..plugins.env import (
     ALLOW_MODULE_PATH_ENV,
     EnvironmentOverrideWarning,
     env_flag,
     hook_env,
     module_path_forbidden_by_env,
 )
+from ..plugins.loading import HOOK_ENTRY_POINT_GROUP, KVOffloadPluginManager
 
 __all__ = [
     "ALLOW_MODULE_PATH_ENV",
