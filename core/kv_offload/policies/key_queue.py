@@ -22,8 +22,8 @@ Membership is the owner's business (the dict or set it already has).
 One threshold rule bounds the tombstones, applied by the queue itself whenever it makes one:
 it rebuilds once they pass a quarter of the live keys plus :data:`COMPACT_SLACK`, which keeps
 the rebuild's linear cost constant per tombstone and small caches from rebuilding every call
-(an eighth rebuilt ARC's T1 and ghost lists 17 times per replay of the bundled trace, about 2%
-of its time, for one byte per block less in ``benchmarks/memory.py``).
+(a lower threshold costs replay time in ``benchmarks/replay.py`` for little memory in
+``benchmarks/memory.py``).
 """
 
 from __future__ import annotations

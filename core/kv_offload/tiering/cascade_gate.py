@@ -34,7 +34,7 @@ from ..errors import ConfigError, KVOffloadError
 from ..tier_types import Locality
 from .backpressure import BackpressureDetector, DropPolicy, detector_registry, drop_policy_registry
 
-__all__ = ["CascadeGate", "DEFAULT_MAX_IN_FLIGHT_JOBS", "build_gate", "merge_tables"]
+__all__ = ["CascadeGate", "DEFAULT_MAX_IN_FLIGHT_JOBS", "build_gate"]
 
 DEFAULT_MAX_IN_FLIGHT_JOBS = 32
 _OWN_KEYS = (
@@ -86,16 +86,6 @@ class CascadeGate:
         self.detector.reset()
         self.policy.reset()
         self.peak_in_flight = self.in_flight
-
-
-def merge_tables(
-    global_table: Mapping[str, Any] | None, tier_table: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """The tier's effective table: its own keys over the global ones; ``None``: no gate."""
-    if global_table is None and tier_table is None:
-        return None
-    merged = {**(global_table or {}), **(tier_table or {})}
-    return merged
 
 
 def build_gate(

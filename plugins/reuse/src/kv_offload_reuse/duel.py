@@ -27,7 +27,6 @@ from xxhash import xxh3_64_intdigest as stable_hash
 
 __all__ = ["Miniature", "sample_rate"]
 
-_MASK64 = (1 << 64) - 1
 #: Blocks a miniature cache holds at least, where the capacity allows.
 MINIATURE_BLOCKS = 512
 #: Never sample more than one key in this many (the miniatures' cost and memory).

@@ -31,7 +31,6 @@ INITIAL_P = 0.5
 _EPOCHS = 64  # epoch numbers wrap at 64 (6 bits); the window is 64 epochs
 _FROM_T1 = 2
 _FROM_T2 = 3
-_MASK64 = (1 << 64) - 1
 
 _Victims = list[tuple[OffloadKey, BlockStatus]]
 _key = itemgetter(0)
