@@ -122,10 +122,14 @@ class EngineTotals:
     connector_hit_tokens: int = 0
     #: connector hits by the tier that supplied them (``host`` = CPU tier, ``disk`` = storage)
     hits_by_source: dict[str, int] = field(default_factory=dict)
+    #: steps that scheduled no token (waiting for a tier's promotion or a load)
+    idle_steps: int = 0
     load_jobs: int = 0
     store_jobs: int = 0
-    #: seconds inside ``schedule()`` + ``update_from_output()``, and the stand-in worker's
+    #: seconds inside ``schedule()`` + ``update_from_output()`` (wall, and this thread's CPU
+    #: time: on a shared machine wall time is mostly waiting for a core), the worker's (wall)
     schedule_seconds: float = 0.0
+    schedule_cpu_seconds: float = 0.0
     worker_seconds: float = 0.0
     #: vLLM's connector counters (``vllm:kv_offload_*`` metrics), summed: name -> labels -> value
     counters: dict[str, dict[tuple[str, ...], float]] = field(default_factory=dict)
@@ -240,10 +244,12 @@ class Engine:
         )
         from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
+        cpu_started = time.thread_time()
         started = time.perf_counter()
         output = self.scheduler.schedule()
-        self.last_step_tokens = output.total_num_scheduled_tokens
         scheduled = time.perf_counter()
+        cpu_scheduled = time.thread_time()
+        self.last_step_tokens = output.total_num_scheduled_tokens
         meta = output.kv_connector_metadata
         done = OffloadingWorkerMetadata()
         recving: set[str] = set()
@@ -275,13 +281,17 @@ class Engine:
             ),
         )
         worked = time.perf_counter()
+        cpu_worked = time.thread_time()
         outputs = self.scheduler.update_from_output(output, runner_output)
         ended = time.perf_counter()
+        cpu_ended = time.thread_time()
         t = self.totals
         t.steps += 1
+        t.idle_steps += not output.total_num_scheduled_tokens
         t.load_jobs += len(load_jobs)
         t.store_jobs += len(store_jobs)
         t.schedule_seconds += (scheduled - started) + (ended - worked)
+        t.schedule_cpu_seconds += (cpu_scheduled - cpu_started) + (cpu_ended - cpu_worked)
         t.worker_seconds += worked - scheduled
         finished: list[str] = []
         for engine_outputs in outputs.values():

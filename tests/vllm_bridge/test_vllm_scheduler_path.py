@@ -159,9 +159,10 @@ def test_policy_serves_a_prefix_from_the_cpu_tier(
         for i, filler in enumerate(prompts(1, 5, 2 * chunk_tokens + 3)):
             engine.serve(f"fill-{i}", filler)  # 5 x 2 blocks: "a" leaves the GPU, not the CPU
         assert engine.totals.connector_hit_tokens == 0
-        checked = engine.checked_blocks
+        checked, idle = engine.checked_blocks, engine.totals.idle_steps
         engine.serve("b", [*shared, 4, 5])
         t = engine.totals
+        assert t.idle_steps - idle == 2  # an async load: vLLM waits for it, then its report
         assert t.connector_hit_tokens == 2 * chunk_tokens
         assert t.hits_by_source == {"host": 2 * chunk_tokens}  # vLLM's hit-source metric
         # every GPU block of the prefix was loaded and read with the right bytes
@@ -220,8 +221,11 @@ def push_out_and_return(engine: Engine, tier: str, recorder: Recorder) -> None:
     t = engine.totals
     assert t.connector_hit_tokens == 0
     assert recorder.evicted["CPU"] >= 20
-    checked = engine.checked_blocks
+    checked, idle = engine.checked_blocks, t.idle_steps
     engine.serve("b", [*shared, 6, 7])
+    # vLLM held "b" back while the promotion ran (lookup: not yet), then for the async load
+    # of the hit from the CPU tier (two steps, as in the policy test)
+    assert t.idle_steps - idle >= 3
     assert t.connector_hit_tokens == 20 * GPU_BLOCK_TOKENS
     assert t.hits_by_source == {"disk": 20 * GPU_BLOCK_TOKENS}  # a storage tier's hit
     assert engine.checked_blocks - checked == 20  # the prefix, promoted and loaded, read back
