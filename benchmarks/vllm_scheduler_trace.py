@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -216,8 +217,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="rounds over the policies, alternating; each "
         "policy's fastest round is kept (hits are the same in every round)",
     )
+    parser.add_argument(
+        "--hash-seed",
+        type=int,
+        default=0,
+        help="PYTHONHASHSEED the run uses (the script "
+        "restarts itself with it): vLLM's block hashes and Python's set order of the keys "
+        "depend on it, and with them a few blocks' hits",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if os.environ.get("PYTHONHASHSEED") != str(args.hash_seed):
+        argv = list(sys.argv[1:] if argv is None else argv)
+        env = {**os.environ, "PYTHONHASHSEED": str(args.hash_seed)}
+        os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
     try:
         import vllm.v1.core.sched.scheduler  # noqa: F401
     except Exception as exc:  # not installed, or no CPU torch
@@ -247,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     r0 = results[0]
     print(
-        f"{r0.requests} requests, {r0.prompt_tokens:,} prompt tokens; GPU {args.gpu_blocks} x "
+        f"{r0.requests} requests, {r0.prompt_tokens:,} prompt tokens, PYTHONHASHSEED "
+        f"{args.hash_seed}; GPU {args.gpu_blocks} x "
         f"{args.gpu_block_size} tokens, CPU tier {args.cpu_blocks} x {args.offload_block_size}"
         f" tokens, {args.in_flight} in flight, {r0.max_num_batched_tokens} tokens per step at most"
     )
