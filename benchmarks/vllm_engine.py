@@ -147,13 +147,12 @@ class _Rows:
     manager has one (the tiering spec: secondary tiers read and write it), else the worker's
     own buffer, grown on demand (vLLM's CPU-only spec keeps the buffer in the worker)."""
 
-    def __init__(self, manager: Any, row_bytes: int) -> None:
+    def __init__(self, manager: Any) -> None:
         primary = getattr(manager, "primary_tier", None)
         self.shared: np.ndarray | None = None
         if primary is not None and hasattr(primary, "get_kv_memoryview"):
             self.shared = np.asarray(primary.get_kv_memoryview()).view(np.uint8)
         self.own: dict[int, np.ndarray] = {}
-        self.row_bytes = row_bytes if self.shared is None else self.shared.shape[1]
 
     def write(self, chunk: int, data: np.ndarray) -> None:
         if self.shared is not None:
@@ -215,7 +214,7 @@ class Engine:
         self._cpu: _Rows | None = None
         if check_bytes:
             self._gpu = np.zeros((kv_cache_config.num_blocks, self.gpu_block_bytes), np.uint8)
-            self._cpu = _Rows(self.manager, self.gpu_block_bytes * self.blocks_per_chunk)
+            self._cpu = _Rows(self.manager)
         self.checked_blocks = 0
         #: tokens the last step scheduled (0: it only waited for transfers)
         self.last_step_tokens = 0
