@@ -26,7 +26,9 @@ RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
 # The vllm session: vLLM 0.33.0 without its dependencies (they pin a CUDA torch and GBs of
 # CUDA wheels), the CPU torch wheel this machine kind provides under /opt/wheels, and only
-# the packages importing vllm.v1.kv_offload (cpu + tiering managers and specs) needs.
+# the packages importing vllm.v1.kv_offload (cpu + tiering managers and specs) needs, and
+# einops, which vLLM's model inspection imports when the scheduler-path tests build a
+# VllmConfig from `vllm serve` flags (tests/vllm_bridge/test_vllm_scheduler_path.py).
 VLLM = "vllm==0.33.0"
 VLLM_TORCH = "torch==2.13.0"
 #: Where the session looks for the CPU torch wheel (KVO_TORCH_WHEELS overrides it).
@@ -34,7 +36,8 @@ TORCH_WHEELS = Path(os.environ.get("KVO_TORCH_WHEELS", "/opt/wheels"))
 VLLM_KV_OFFLOAD_IMPORTS = [
     *("aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "annotated-types"),
     *("anyio", "apache-tvm-ffi==0.1.11", "attrs", "cachetools", "cbor2", "certifi"),
-    *("charset-normalizer", "cloudpickle", "fastapi", "frozenlist", "h11", "httpcore2"),
+    *("charset-normalizer", "cloudpickle", "einops", "fastapi", "frozenlist", "h11"),
+    "httpcore2",
     *("httpx2", "huggingface-hub", "idna", "llguidance", "msgspec", "multidict", "openai"),
     *("openai-harmony", "opentelemetry-api", "packaging", "partial-json-parser", "pillow"),
     *("prometheus-client", "propcache", "psutil", "py-cpuinfo", "pybase64", "pydantic"),

@@ -1,8 +1,14 @@
-"""Says in pytest's header which vLLM route the bridge tests run on."""
+"""Says in pytest's header which vLLM route the bridge tests run on; vLLM's platform."""
 
 from __future__ import annotations
 
+import os
+
 from _vllm import SMOKE_SRC
+
+# vLLM picks its platform once, at the first use: a CPU-only machine must say so before any
+# test module imports vLLM (the scheduler-path tests build a whole engine configuration).
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
 def pytest_report_header() -> list[str]:
