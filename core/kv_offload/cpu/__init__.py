@@ -1,5 +1,6 @@
-"""The CPU tier: the manager's request flow (``manager``), the slot table (``slots``), input
-checks and error diagnosis (``validation``) and construction (``setup``)."""
+"""The CPU tier: the manager's request flow (``manager``), its state and construction
+(``state``), the slot table (``slots``), eviction (``eviction``), the reuse filter
+(``reuse_filter``), and input checks and error diagnosis (``validation``)."""
 
 from __future__ import annotations
 
