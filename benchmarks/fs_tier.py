@@ -129,13 +129,38 @@ def raw_load(path: Path, rows: np.ndarray) -> None:
         os.close(fd)
 
 
-def timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
+#: CPU seconds (this process, all threads) of the last ``timed`` call, by name when given
+CPU: dict[str, list[float]] = {}
+
+
+def timed(fn: Callable[[], None], cpu_name: str | None = None) -> float:
+    start, start_cpu = time.perf_counter(), time.process_time()
     fn()
+    if cpu_name is not None:
+        CPU.setdefault(cpu_name, []).append(time.process_time() - start_cpu)
     return time.perf_counter() - start
 
 
 OPS = ("cold_store", "cold_unprepared", "store", "load")
+
+
+def run_signed(
+    signed: FileSystemTier, jobs: list[JobMetadata], dst: np.ndarray, src: np.ndarray, fsync: str
+) -> dict[str, float]:
+    """A round's jobs through the authenticated tier (before the plain tier's in odd rounds,
+    after them in even ones, so neither always runs on a warmer machine); then it stops, so
+    that its idle threads do not run during the other timings."""
+    measured = {
+        "auth_cold_store": timed(partial(run_job, signed, jobs[0]), f"{fsync} auth_cold_store"),
+        "auth_store": timed(partial(run_job, signed, jobs[1]), f"{fsync} auth_store"),
+    }
+    dst[:] = 0
+    measured["auth_load"] = timed(partial(run_job, signed, jobs[2]), f"{fsync} auth_load")
+    if not np.array_equal(dst, src) or signed.get_stats().auth_failures:
+        raise SystemExit("the authenticated fs tier loaded different bytes")
+    signed.shutdown()
+    shutil.rmtree(signed.root_dir)
+    return measured
 
 
 def throughput(
@@ -182,33 +207,34 @@ def throughput(
             JobMetadata(3 * r + 1, second, src_ids, JobDirection.STORE, CTX),
             JobMetadata(3 * r + 2, second, dst_ids, JobDirection.LOAD, CTX),
         ]
-        measured = {
+        measured: dict[str, float] = {}
+
+        if signed is not None and r % 2:
+            measured |= run_signed(signed, jobs, dst, src, fsync)
+        measured |= {
             "raw_cold_store": timed(partial(raw_store, raw, src, durable)),  # a new file
-            "cold_store": timed(partial(run_job, tier, jobs[0])),  # files made while idle
+            "cold_store": timed(
+                partial(run_job, tier, jobs[0]), f"{fsync} cold_store"
+            ),  # files made while idle
             "raw_cold_unprepared": timed(partial(raw_store, raw2, src, durable)),  # a new file
             "cold_unprepared": timed(partial(run_job, bare, jobs[0])),  # a new file per block
             "raw_store": timed(partial(raw_store, raw, src, durable)),  # the file again
-            "store": timed(partial(run_job, tier, jobs[1])),
+            "store": timed(partial(run_job, tier, jobs[1]), f"{fsync} store"),
         }
         dst[:] = 0
         measured["raw_load"] = timed(partial(raw_load, raw, dst))
         if not np.array_equal(dst, src):
             raise SystemExit("raw read back different bytes")
         dst[:] = 0
-        measured["load"] = timed(partial(run_job, tier, jobs[2]))
+        measured["load"] = timed(partial(run_job, tier, jobs[2]), f"{fsync} load")
         if not np.array_equal(dst, src):
             raise SystemExit("fs tier loaded different bytes")
-        if signed is not None:  # the same jobs, right after the plain tier's
-            measured["auth_cold_store"] = timed(partial(run_job, signed, jobs[0]))
-            measured["auth_store"] = timed(partial(run_job, signed, jobs[1]))
-            dst[:] = 0
-            measured["auth_load"] = timed(partial(run_job, signed, jobs[2]))
-            if not np.array_equal(dst, src) or signed.get_stats().auth_failures:
-                raise SystemExit("the authenticated fs tier loaded different bytes")
-            signed.shutdown()
-            shutil.rmtree(base / f"auth-{fsync}-{r}")
+        # Stopped before the authenticated tier runs: their idle threads would create files
+        # ahead of stores on this machine's cores during its timings.
         tier.shutdown()
         bare.shutdown()
+        if signed is not None and r % 2 == 0:
+            measured |= run_signed(signed, jobs, dst, src, fsync)
         shutil.rmtree(root)
         shutil.rmtree(base / f"bare-{fsync}-{r}")
         raw.unlink()
@@ -238,6 +264,10 @@ def throughput(
                 "ratio_median": statistics.median(
                     p / a for p, a in zip(times[op], times[f"auth_{op}"])
                 ),
+                # this process's CPU seconds per GB (all threads, kernel copies included)
+                "cpu_s_per_gb": statistics.median(CPU[f"{fsync} {op}"][1:]) / (nbytes / 1e9),
+                "auth_cpu_s_per_gb": statistics.median(CPU[f"{fsync} auth_{op}"][1:])
+                / (nbytes / 1e9),
             }
             for op in AUTH_OPS
         }
@@ -336,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{res['fsync']:<7}authenticated / plain {op}: {r['ratio_best']:.2f}x best, "
                     f"{r['ratio_median']:.2f}x median ({r['auth_gb_s_median']:.2f} GB/s; "
-                    f"target >= {AUTH_TARGET}: {verdict})"
+                    f"target >= {AUTH_TARGET}: {verdict}); cpu {r['cpu_s_per_gb']:.2f} -> "
+                    f"{r['auth_cpu_s_per_gb']:.2f} s/GB"
                 )
         if restarted:
             print(

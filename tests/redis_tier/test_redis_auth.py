@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
-from _redis_servers import PASSWORD, RedisServer
+from _redis_servers import PASSWORD, RedisServer, start_cluster
 from _redis_stack import BLOCK, assert_quiet, load_and_check, redis_stack, resolve, store
 from _tiers import key
 from kv_offload import ConfigError, LookupResult, ReqContext, TieringOffloadingManager
@@ -246,6 +246,45 @@ def test_an_acl_confined_user_round_trips_its_namespace_and_nothing_else(
             redis_stack(no_del, password_env="KVO_TENANT_PASSWORD", namespace="tenant-a")
     finally:
         server.stop()
+
+
+def test_a_cluster_user_confined_to_its_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on every node of a Cluster; the client also needs the slot map
+    (``+cluster|slots +command``), and a user without it is a ConfigError saying so."""
+    monkeypatch.setenv("KVO_TENANT_PASSWORD", TENANT_PASSWORD)
+    confined = "~tenant-a:* resetchannels -@all +get +set +exists +del"
+    nodes = start_cluster(
+        tmp_path / "cluster",
+        extra=[
+            f"user tenant-a on >{TENANT_PASSWORD} {confined} +cluster|slots +command",
+            f"user no-slots on >{TENANT_PASSWORD} {confined}",
+        ],
+    )
+    try:
+
+        def build(user: str, ns: str) -> TieringOffloadingManager:
+            return redis_stack(
+                f"redis://{user}@{nodes[0].address}/0", cluster=True,
+                startup_nodes=[n.address for n in nodes], password_env="KVO_TENANT_PASSWORD",
+                namespace=ns, auth_key_env="KVO_AUTH_A",
+            )  # fmt: skip
+
+        m = build("tenant-a", "tenant-a")
+        keys = [key(i) for i in range(12)]  # spread over the three masters
+        store(m, keys, ReqContext(req_id="w"))
+        m.drain()
+        m.reset_cache()
+        assert answers(m, keys, "r") == [HIT] * 12
+        m.shutdown()
+        with pytest.raises(ConfigError, match=r"may not run SET NX .* namespace 'tenant-b'"):
+            build("tenant-a", "tenant-b")
+        with pytest.raises(ConfigError, match=r"needs `\+cluster\|slots \+command`"):
+            build("no-slots", "tenant-a")
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 # -- the secret never shows ---------------------------------------------------------------------

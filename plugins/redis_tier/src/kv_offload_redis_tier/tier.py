@@ -93,6 +93,18 @@ class _BatchFailed(Exception):
     """One batch of a job failed; the message says why (already counted and logged)."""
 
 
+def _refusal(exc: BaseException | None) -> NoPermissionError | None:
+    """The ACL refusal (``NOPERM``) behind ``exc``, if one is in its chain of causes."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NoPermissionError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 class _Denied(Exception):
     """The server's ACL refused ``command`` on the namespace's keys."""
 
@@ -603,6 +615,17 @@ class RedisTier(SecondaryTierManager):
                     ) from None
                 raise
             except (_BatchFailed, Unreachable) as exc:
+                refused = _refusal(exc) or _refusal(self._servers.init_error)
+                if at_startup and refused is not None and s.cluster:
+                    user = s.username or "default"
+                    raise ConfigError(
+                        f"tier {s.tier!r}: the Redis user {user!r} on {s.safe_url} may not run "
+                        f"the Cluster commands the client needs to find the slots of namespace "
+                        f"{s.namespace!r} ({refused}); a Cluster user needs `+cluster|slots "
+                        f"+command` besides `~{s.namespace}:* +get +set +exists +del` on every "
+                        f"node (see the tier's README, 'Access control')",
+                        key="namespace",
+                    ) from None
                 if at_startup and "Cluster mode is not enabled" in str(exc):
                     raise ConfigError(
                         f"tier {s.tier!r}: cluster = true, but {s.safe_url} is a standalone "
