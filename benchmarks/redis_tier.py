@@ -205,8 +205,10 @@ def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
         op()
     times: dict[str, list[float]] = {name: [] for name in ops}
     cpu: dict[str, list[float]] = {name: [] for name in ops}
-    for _ in range(args.rounds):
-        for name, op in ops.items():
+    for round_ in range(args.rounds):
+        # Every other round in reverse order: no operation always runs on a warmer machine.
+        order = list(ops.items())
+        for name, op in reversed(order) if round_ % 2 else order:
             start, start_cpu = time.perf_counter(), time.process_time()
             op()
             times[name].append(time.perf_counter() - start)

@@ -30,8 +30,9 @@ the record names; one without ``blake3`` fails BLAKE3 records with kind ``"algor
 Rotation: the record carries a 32-bit key id derived from the secret. Writers sign with the
 current secret; readers accept the current and, if ``auth_key_previous_env`` is set, the
 previous one. A record of an unknown key id (signed with a secret this reader does not hold,
-e.g. the next one during a rolling rotation) fails with kind ``"unknown_key"``, which tiers
-leave in place rather than delete.
+e.g. the next one during a rolling rotation) fails with kind ``"unknown_key"``; a tier that
+live engines share should leave such a block in place (the Redis tier does; the fs tier,
+whose root has a single owner process, deletes it like any block it cannot verify).
 
 The secret never leaves this module: objects keep only derived keys and show key ids
 (``repr``), error messages name the variable, never its value.

@@ -660,9 +660,6 @@ class RedisTier(SecondaryTierManager):
                 raise _BatchFailed(message)
             self._namespace_checked = True
 
-    #: The commands the tier sends on its namespace's keys (an ACL must allow each).
-    COMMANDS = ("get", "set", "exists", "del")
-
     def _check_permissions(self, client: Redis, meta: bytes) -> None:
         """Run every command the tier uses once on a probe key of the namespace, so that a
         user the server's ACL does not let use it fails the build (:class:`ConfigError`)
