@@ -28,9 +28,14 @@ the tier shut down and constructed again; the report gives the construction time
 index memory per block (tracemalloc, what the constructed tier retains). Writing and deleting
 100,000 files takes minutes on a slow disk; ``--restart-blocks 0`` skips it.
 
+``--auth`` adds, in the same rounds, a tier with authenticated blocks (``auth_key_env``, a
+random secret, keyed BLAKE3: a MAC computed on store and verified on load, instead of the
+checksum) doing the same cold store, store and load, and reports authenticated / plain per
+round (best and median; target >= 0.85x).
+
     python benchmarks/fs_tier.py [--blocks 256] [--block-kib 256] [--threads 4]
         [--rounds 7] [--fsync never|always|both] [--dir DIR] [--restart-blocks 100000]
-        [--restart-block-kib 4] [--json] [--check]
+        [--restart-block-kib 4] [--auth] [--json] [--check]
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ from kv_offload import (
 from kv_offload_fs_tier import FileSystemTier
 
 TARGET = 0.8
+AUTH_TARGET = 0.85
+AUTH_ENV = "KVO_BENCH_AUTH_SECRET"
+AUTH_OPS = ("cold_store", "store", "load")
 CTX = ReqContext("bench")
 
 
@@ -121,17 +129,48 @@ def raw_load(path: Path, rows: np.ndarray) -> None:
         os.close(fd)
 
 
-def timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
+#: CPU seconds (this process, all threads) of the last ``timed`` call, by name when given
+CPU: dict[str, list[float]] = {}
+
+
+def timed(fn: Callable[[], None], cpu_name: str | None = None) -> float:
+    start, start_cpu = time.perf_counter(), time.process_time()
     fn()
+    if cpu_name is not None:
+        CPU.setdefault(cpu_name, []).append(time.process_time() - start_cpu)
     return time.perf_counter() - start
 
 
 OPS = ("cold_store", "cold_unprepared", "store", "load")
 
 
+def run_signed(
+    signed: FileSystemTier, jobs: list[JobMetadata], dst: np.ndarray, src: np.ndarray, fsync: str
+) -> dict[str, float]:
+    """A round's jobs through the authenticated tier (before the plain tier's in odd rounds,
+    after them in even ones, so neither always runs on a warmer machine); then it stops, so
+    that its idle threads do not run during the other timings."""
+    measured = {
+        "auth_cold_store": timed(partial(run_job, signed, jobs[0]), f"{fsync} auth_cold_store"),
+        "auth_store": timed(partial(run_job, signed, jobs[1]), f"{fsync} auth_store"),
+    }
+    dst[:] = 0
+    measured["auth_load"] = timed(partial(run_job, signed, jobs[2]), f"{fsync} auth_load")
+    if not np.array_equal(dst, src) or signed.get_stats().auth_failures:
+        raise SystemExit("the authenticated fs tier loaded different bytes")
+    signed.shutdown()
+    shutil.rmtree(signed.root_dir)
+    return measured
+
+
 def throughput(
-    base: Path, blocks: int, block_size: int, threads: int, rounds: int, fsync: str
+    base: Path,
+    blocks: int,
+    block_size: int,
+    threads: int,
+    rounds: int,
+    fsync: str,
+    auth: bool = False,
 ) -> dict[str, Any]:
     buffer = CPUKVBuffer(2 * blocks, block_size)
     rows = buffer.array
@@ -141,6 +180,9 @@ def throughput(
     dst_ids = src_ids + blocks
     durable = fsync == "always"
     times: dict[str, list[float]] = {f"{side}{op}": [] for op in OPS for side in ("", "raw_")}
+    times.update({f"auth_{op}": [] for op in AUTH_OPS})
+    if auth:
+        os.environ[AUTH_ENV] = os.urandom(32).hex()
     for r in range(rounds + 1):  # round 0 warms up, untimed
         root, raw = base / f"tier-{fsync}-{r}", base / f"raw-{fsync}-{r}"
         raw2 = base / f"raw2-{fsync}-{r}"
@@ -149,6 +191,13 @@ def throughput(
             buffer, base / f"bare-{fsync}-{r}", blocks, UnpreparedTier, fsync=fsync,
             io_threads=threads,
         )  # fmt: skip
+        signed = None
+        if auth:
+            signed = make_tier(
+                buffer, base / f"auth-{fsync}-{r}", blocks, fsync=fsync, io_threads=threads,
+                auth_key_env=AUTH_ENV,
+            )  # fmt: skip
+            settle(signed)
         settle(tier)
         first = [make_offload_key(2 * r * blocks + i) for i in range(blocks)]
         second = [make_offload_key((2 * r + 1) * blocks + i) for i in range(blocks)]
@@ -158,24 +207,34 @@ def throughput(
             JobMetadata(3 * r + 1, second, src_ids, JobDirection.STORE, CTX),
             JobMetadata(3 * r + 2, second, dst_ids, JobDirection.LOAD, CTX),
         ]
-        measured = {
+        measured: dict[str, float] = {}
+
+        if signed is not None and r % 2:
+            measured |= run_signed(signed, jobs, dst, src, fsync)
+        measured |= {
             "raw_cold_store": timed(partial(raw_store, raw, src, durable)),  # a new file
-            "cold_store": timed(partial(run_job, tier, jobs[0])),  # files made while idle
+            "cold_store": timed(
+                partial(run_job, tier, jobs[0]), f"{fsync} cold_store"
+            ),  # files made while idle
             "raw_cold_unprepared": timed(partial(raw_store, raw2, src, durable)),  # a new file
             "cold_unprepared": timed(partial(run_job, bare, jobs[0])),  # a new file per block
             "raw_store": timed(partial(raw_store, raw, src, durable)),  # the file again
-            "store": timed(partial(run_job, tier, jobs[1])),
+            "store": timed(partial(run_job, tier, jobs[1]), f"{fsync} store"),
         }
         dst[:] = 0
         measured["raw_load"] = timed(partial(raw_load, raw, dst))
         if not np.array_equal(dst, src):
             raise SystemExit("raw read back different bytes")
         dst[:] = 0
-        measured["load"] = timed(partial(run_job, tier, jobs[2]))
+        measured["load"] = timed(partial(run_job, tier, jobs[2]), f"{fsync} load")
         if not np.array_equal(dst, src):
             raise SystemExit("fs tier loaded different bytes")
+        # Stopped before the authenticated tier runs: their idle threads would create files
+        # ahead of stores on this machine's cores during its timings.
         tier.shutdown()
         bare.shutdown()
+        if signed is not None and r % 2 == 0:
+            measured |= run_signed(signed, jobs, dst, src, fsync)
         shutil.rmtree(root)
         shutil.rmtree(base / f"bare-{fsync}-{r}")
         raw.unlink()
@@ -196,6 +255,21 @@ def throughput(
             "ratio_best": max(r / t for r, t in zip(raw_t, tier_t)),
             "ratio_median": statistics.median(r / t for r, t in zip(raw_t, tier_t)),
             "target": TARGET,
+        }
+    if auth:
+        result["auth_vs_plain"] = {
+            op: {
+                "auth_gb_s_median": nbytes / statistics.median(times[f"auth_{op}"]) / 1e9,
+                "ratio_best": max(p / a for p, a in zip(times[op], times[f"auth_{op}"])),
+                "ratio_median": statistics.median(
+                    p / a for p, a in zip(times[op], times[f"auth_{op}"])
+                ),
+                # this process's CPU seconds per GB (all threads, kernel copies included)
+                "cpu_s_per_gb": statistics.median(CPU[f"{fsync} {op}"][1:]) / (nbytes / 1e9),
+                "auth_cpu_s_per_gb": statistics.median(CPU[f"{fsync} auth_{op}"][1:])
+                / (nbytes / 1e9),
+            }
+            for op in AUTH_OPS
         }
     buffer.close()
     return result
@@ -246,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: tmp)")
     parser.add_argument("--restart-blocks", type=int, default=100_000)
     parser.add_argument("--restart-block-kib", type=int, default=4)
+    parser.add_argument("--auth", action="store_true", help="also an authenticated tier")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--check", action="store_true", help="exit 1 below a target")
     args = parser.parse_args(argv)
@@ -253,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         modes = ["never", "always"] if args.fsync == "both" else [args.fsync]
         results = [
-            throughput(base, args.blocks, args.block_kib * 1024, args.threads, args.rounds, m)
+            throughput(
+                base, args.blocks, args.block_kib * 1024, args.threads, args.rounds, m, args.auth
+            )
             for m in modes
         ]
         restarted = (
@@ -282,6 +359,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['raw_gb_s_best']:>8.2f} / {r['raw_gb_s_median']:<5.2f}"
                     f"{r['ratio_best']:>8.2f} / {r['ratio_median']:<5.2f}  "
                     + (f">= {TARGET}" if r["target"] else "-")
+                )
+        for res in results:
+            for op, r in res.get("auth_vs_plain", {}).items():
+                verdict = "ok" if r["ratio_median"] >= AUTH_TARGET else "BELOW TARGET"
+                print(
+                    f"{res['fsync']:<7}authenticated / plain {op}: {r['ratio_best']:.2f}x best, "
+                    f"{r['ratio_median']:.2f}x median ({r['auth_gb_s_median']:.2f} GB/s; "
+                    f"target >= {AUTH_TARGET}: {verdict}); cpu {r['cpu_s_per_gb']:.2f} -> "
+                    f"{r['auth_cpu_s_per_gb']:.2f} s/GB"
                 )
         if restarted:
             print(

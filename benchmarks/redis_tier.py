@@ -19,9 +19,14 @@ cascade and promotion >= 0.8x raw. ``--no-hiredis`` hides the hiredis package (t
 it buys); without the flag the run also repeats itself in a child process with
 ``--no-hiredis`` and prints both.
 
+``--auth`` adds a second tier with authenticated blocks (``auth_key_env``, a random secret,
+keyed BLAKE3) in its own namespace, measured in the same rounds, interleaved with the plain
+tier, and prints authenticated / plain for cascades and promotions (target >= 0.85x; the
+hiredis child run is skipped). Use ``--blocks 32 --block-kib 2048`` for 2 MiB blocks.
+
     python benchmarks/redis_tier.py [--blocks 256] [--block-kib 256] [--rounds 7]
                                     [--jobs 4] [--batch 16] [--io-threads 2] [--no-hiredis]
-                                    [--json]
+                                    [--auth] [--json]
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ from kv_offload_redis_tier.wire import ZeroCopyPool
 from redis.connection import HIREDIS_AVAILABLE
 
 TARGET = 0.8
+AUTH_TARGET = 0.85
+AUTH_ENV = "KVO_BENCH_AUTH_SECRET"
 
 
 def free_port() -> int:
@@ -110,13 +117,22 @@ def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
     buffer = CPUKVBuffer(2 * n, block)
     rng = np.random.default_rng(0)
     buffer.array[:n] = rng.integers(0, 256, (n, block), dtype=np.uint8)
-    tier = SecondaryTierFactory.create_secondary_tier(
-        {"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "namespace": "bench",
-         "batch_blocks": args.batch, "io_threads": args.io_threads},
-        buffer.view,
-        OffloadingConfig(2 * n, block),
-    )  # fmt: skip
-    assert isinstance(tier, RedisTier)
+
+    def make_tier(**extra: Any) -> RedisTier:
+        tier = SecondaryTierFactory.create_secondary_tier(
+            {"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "namespace": "bench",
+             "batch_blocks": args.batch, "io_threads": args.io_threads, **extra},
+            buffer.view,
+            OffloadingConfig(2 * n, block),
+        )  # fmt: skip
+        assert isinstance(tier, RedisTier)
+        return tier
+
+    tier = make_tier()
+    signed = None
+    if args.auth:
+        os.environ[AUTH_ENV] = os.urandom(32).hex()
+        signed = make_tier(namespace="bench-auth", auth_key_env=AUTH_ENV)
     keys = [make_offload_key(i) for i in range(n)]
     per_job = -(-n // args.jobs)
     ctx = ReqContext(req_id="bench")
@@ -130,17 +146,23 @@ def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
             job_id[0] += 1
         return out
 
-    def cascade() -> None:
-        batch = jobs(JobDirection.STORE, 0)
-        for job in batch:
-            tier.submit_store(job)
-        wait_all(tier, len(batch))
+    def cascade(tier: RedisTier) -> Callable[[], None]:
+        def run() -> None:
+            batch = jobs(JobDirection.STORE, 0)
+            for job in batch:
+                tier.submit_store(job)
+            wait_all(tier, len(batch))
 
-    def promote() -> None:
-        batch = jobs(JobDirection.LOAD, n)
-        for job in batch:
-            tier.submit_load(job)
-        wait_all(tier, len(batch))
+        return run
+
+    def promote(tier: RedisTier) -> Callable[[], None]:
+        def run() -> None:
+            batch = jobs(JobDirection.LOAD, n)
+            for job in batch:
+                tier.submit_load(job)
+            wait_all(tier, len(batch))
+
+        return run
 
     payload_bytes = [buffer.array[i].tobytes() for i in range(n)]
     payload_views = [memoryview(buffer.array[i]) for i in range(n)]
@@ -169,19 +191,24 @@ def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
         return run
 
     ops: dict[str, Callable[[], None]] = {
-        "tier cascade": cascade,
+        "tier cascade": cascade(tier),
         "raw SET bytes": raw_set(default, payload_bytes),
         "raw SET zero-copy": raw_set(zero_copy, payload_views),
-        "tier promotion": promote,
+        "tier promotion": promote(tier),
         "raw GET": raw_get(default),
         "raw GET zero-copy": raw_get(zero_copy),
     }
+    if signed is not None:
+        ops["auth tier cascade"] = cascade(signed)
+        ops["auth tier promotion"] = promote(signed)
     for op in ops.values():  # warm-up: connections, server memory
         op()
     times: dict[str, list[float]] = {name: [] for name in ops}
     cpu: dict[str, list[float]] = {name: [] for name in ops}
-    for _ in range(args.rounds):
-        for name, op in ops.items():
+    for round_ in range(args.rounds):
+        # Every other round in reverse order: no operation always runs on a warmer machine.
+        order = list(ops.items())
+        for name, op in reversed(order) if round_ % 2 else order:
             start, start_cpu = time.perf_counter(), time.process_time()
             op()
             times[name].append(time.perf_counter() - start)
@@ -206,6 +233,18 @@ def measure(args: argparse.Namespace, port: int) -> dict[str, Any]:
         for stat in ("best_gb_s", "median_gb_s"):
             raw = max(ops_out[r][stat] for r in raws)
             ops_out[tier_op][f"ratio_{stat[:-5]}"] = ops_out[tier_op][stat] / raw
+    if signed is not None:
+        if signed.get_stats()["auth_failures"]:
+            raise RuntimeError("authenticated blocks failed their check")
+        result["auth_vs_plain"] = {
+            op: ops_out[f"auth tier {op}"]["median_gb_s"] / ops_out[f"tier {op}"]["median_gb_s"]
+            for op in ("cascade", "promotion")
+        }
+        result["auth_vs_plain_best"] = {
+            op: ops_out[f"auth tier {op}"]["best_gb_s"] / ops_out[f"tier {op}"]["best_gb_s"]
+            for op in ("cascade", "promotion")
+        }
+        signed.shutdown()
     result["lookups_per_s"] = lookups_per_s(tier, args)
     tier.shutdown()
     default.close()
@@ -253,6 +292,13 @@ def report(result: dict[str, Any]) -> None:
         print(f"  {name:24s} best {best:.3f} GB/s  median {median:.3f}  cpu {cost:.2f} s/GB{ratio}")
     lk = result["lookups_per_s"]
     print(f"  {'lookups (EXISTS)':24s} best {lk['best']:,.0f}/s  median {lk['median']:,.0f}/s")
+    for op, ratio in result.get("auth_vs_plain", {}).items():
+        best = result["auth_vs_plain_best"][op]
+        verdict = "ok" if ratio >= AUTH_TARGET else "BELOW TARGET"
+        print(
+            f"  authenticated / plain {op}: {ratio:.2f}x median, {best:.2f}x best "
+            f"(target >= {AUTH_TARGET}: {verdict})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--io-threads", type=int, default=2, help="the tier's io_threads")
     parser.add_argument("--no-hiredis", action="store_true")
+    parser.add_argument("--auth", action="store_true", help="also an authenticated tier")
     parser.add_argument("--port", type=int, help="use this running server (no password)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -272,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         port = args.port or (server.port if server else 0)
         try:
             results = [measure(args, port)]
-            if not args.no_hiredis and results[0]["hiredis"]:
+            if not args.no_hiredis and not args.auth and results[0]["hiredis"]:
                 child = subprocess.run(
                     [sys.executable, __file__, *(argv or sys.argv[1:]), "--no-hiredis",
                      "--json", "--port", str(port)],

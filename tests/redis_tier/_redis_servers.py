@@ -192,13 +192,16 @@ class RedisServer:
                 self.process.wait(10)
 
 
-def start_cluster(directory: Path, masters: int = 3, replicas: int = 0) -> list[RedisServer]:
+def start_cluster(
+    directory: Path, masters: int = 3, replicas: int = 0, extra: Sequence[str] = ()
+) -> list[RedisServer]:
     """``masters`` Cluster masters on loopback ports, joined and covering every slot, each
     with ``replicas`` replicas (``redis-cli --cluster create`` picks which node is which:
-    ask ``CLUSTER NODES`` or :func:`masters_of`)."""
+    ask ``CLUSTER NODES`` or :func:`masters_of`); ``extra`` config lines on every node
+    (ACL users, ...)."""
     cli = need("redis-cli")
     count = masters * (1 + replicas)
-    nodes = [RedisServer(directory / f"node{i}", cluster=True) for i in range(count)]
+    nodes = [RedisServer(directory / f"node{i}", cluster=True, extra=extra) for i in range(count)]
     try:
         subprocess.run(
             [

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kv_offload.block_auth import BlockAuth
 from kv_offload.errors import ConfigError
 
 from . import _format
@@ -43,6 +44,8 @@ DEFAULTS: dict[str, Any] = {
     "fsync": "never",
     "io_threads": 4,
     "delete_on_shutdown": False,
+    "auth_key_env": None,
+    "auth_key_previous_env": None,
 }
 
 
@@ -54,6 +57,8 @@ class FsTierSettings:
     durable: bool
     io_threads: int
     delete_on_shutdown: bool
+    #: signs and checks every block (``auth_key_env``); ``None``: checksums only
+    auth: BlockAuth | None = None
 
 
 def _positive_int(tier: str, key: str, value: Any, fix: str) -> int:
@@ -189,7 +194,13 @@ def check_arguments(tier: str, **arguments: Any) -> dict[str, Any]:
             key="delete_on_shutdown",
         )
     _check_root(tier, path)
-    return {**values, "root_dir": path}
+    auth = BlockAuth.from_arguments(
+        tier,
+        values["auth_key_env"],
+        values["auth_key_previous_env"],
+        context=_format.AUTH_CONTEXT,
+    )
+    return {**values, "root_dir": path, "auth": auth}
 
 
 def check_for_block_size(tier: str, block_size: int, **arguments: Any) -> None:
@@ -257,4 +268,5 @@ def validate(tier: str, block_size: int, **arguments: Any) -> FsTierSettings:
         values["fsync"] == "always",
         values["io_threads"],
         values["delete_on_shutdown"],
+        values["auth"],
     )

@@ -6,9 +6,17 @@ endian, then the key, then zeros) followed by the block's bytes::
     magic         8s   b"KVOFSBLK"
     version       u16  FORMAT_VERSION
     key_len       u16  length of the key that follows the header
-    flags         u32  0 (reserved)
+    flags         u32  0, or FLAG_AUTHENTICATED
     payload_len   u64  block size in bytes
-    checksum      u64  xxh3-64 of the block's bytes
+    checksum      u64  xxh3-64 of the block's bytes (0 when authenticated)
+
+With ``auth_key_env`` the tier sets ``FLAG_AUTHENTICATED`` and writes, right after the key,
+the 40-byte record of :class:`kv_offload.block_auth.BlockAuth`: algorithm, key id and a MAC
+keyed by the tenant's secret over the key, block size, format version and the block's bytes.
+The MAC replaces the checksum (it catches every change the checksum would, and forgeries).
+A tier with authentication refuses unsigned files and files signed with a secret it does not
+hold; one without refuses signed files (it cannot check them). Like every block that fails
+its check, they are deleted: the root has one owner process, no other reader could use them.
 
 The header takes a whole page so that the block's bytes, and the file's end, are page aligned:
 overwriting a recycled file whose last page is partial and no longer cached makes the kernel
@@ -29,9 +37,12 @@ import struct
 from typing import Any
 
 import xxhash
+from kv_offload.block_auth import RECORD_SIZE, BlockAuth
 
 __all__ = [
+    "AUTH_CONTEXT",
     "CHECKSUM_NAME",
+    "FLAG_AUTHENTICATED",
     "FORMAT_VERSION",
     "HEADER",
     "HEADER_SPACE",
@@ -42,6 +53,7 @@ __all__ = [
     "file_size",
     "marker_bytes",
     "pack_header",
+    "pack_signed_header",
     "parse_marker",
     "verify",
 ]
@@ -55,6 +67,9 @@ CHECKSUM_NAME = "xxh3_64"
 MARKER_NAME = "kv-offload-fs.json"
 #: A key becomes a file name as hex: 2 characters a byte, under the usual 255-byte limit.
 MAX_KEY_BYTES = 120
+FLAG_AUTHENTICATED = 1
+#: What the MAC binds a block to besides its key (a block of another tier never verifies).
+AUTH_CONTEXT = b"kv-offload-fs-tier"
 
 
 def checksum(data: memoryview) -> int:
@@ -72,11 +87,30 @@ def pack_header(key: bytes, block_size: int, digest: int) -> list[memoryview]:
     return [memoryview(head), memoryview(_ZEROS)[len(head) :]]
 
 
+def pack_signed_header(
+    key: bytes, block_size: int, row: memoryview, auth: BlockAuth
+) -> list[memoryview]:
+    """The header page of an authenticated block: flagged, the record after the key."""
+    record = auth.sign(key, block_size, FORMAT_VERSION, row)
+    head = (
+        HEADER.pack(MAGIC, FORMAT_VERSION, len(key), FLAG_AUTHENTICATED, block_size, 0)
+        + key
+        + record
+    )
+    return [memoryview(head), memoryview(_ZEROS)[len(head) :]]
+
+
 def verify(
-    head: bytearray, key: bytes, block_size: int, nread: int, row: memoryview
+    head: bytearray,
+    key: bytes,
+    block_size: int,
+    nread: int,
+    row: memoryview,
+    auth: BlockAuth | None = None,
 ) -> tuple[str, str] | None:
     """Why the file read into ``head`` + ``row`` (``nread`` bytes in all) is not ``key``'s
-    block, as ``(kind, message)``, or ``None`` when it is."""
+    block, as ``(kind, message)``, or ``None`` when it is. With ``auth`` the block must be
+    signed by a secret it holds (kinds of :data:`kv_offload.block_auth.AUTH_KINDS`)."""
     expected = HEADER_SPACE + block_size
     if nread < expected:
         return "truncated", f"truncated ({nread} of {expected} bytes)"
@@ -87,15 +121,24 @@ def verify(
         return "foreign", "not a kv-offload block file (bad magic)"
     if version != FORMAT_VERSION:
         return "version", f"format version {version}, this tier reads {FORMAT_VERSION}"
-    if flags != 0:  # none are defined: a set bit is damage (or a newer writer), never ignored
+    if flags & ~FLAG_AUTHENTICATED:  # a set bit is damage (or a newer writer), never ignored
         return "header", f"unknown header flags {flags:#x}"
+    signed = bool(flags & FLAG_AUTHENTICATED)
+    if signed and auth is None:
+        return "signed", "a signed block, and this tier has no auth_key_env to check it"
+    if auth is not None and not signed:
+        return "unsigned", "an unsigned block in an authenticated tier"
     if payload_len != block_size:
         return "block_size", f"a block of {payload_len} bytes, this tier stores {block_size}"
     end = HEADER.size + len(key)
     if key_len != len(key) or head[HEADER.size : end] != key:
         return "wrong_key", "the file holds another key's block"
-    if head.count(0, end) != HEADER_SPACE - end:
+    stop = end + RECORD_SIZE if signed else end
+    if head.count(0, stop) != HEADER_SPACE - stop:
         return "header", "damaged header padding"
+    if auth is not None:
+        failure = auth.verify(memoryview(head)[end:stop], key, block_size, FORMAT_VERSION, row)
+        return None if failure is None else (failure.kind, failure.message)
     if checksum(row) != digest:
         return "checksum", "checksum mismatch"
     return None

@@ -40,6 +40,7 @@ from kv_offload import (
     ReqContext,
     SecondaryTierManager,
 )
+from kv_offload.block_auth import AUTH_KINDS, AuthFailureLog
 from kv_offload.errors import ConfigError
 from kv_offload.keys import OffloadKey
 
@@ -101,6 +102,9 @@ class FsTierStats:
     dropped_blocks: int = 0
     #: why blocks were dropped on load ("checksum", "truncated", "missing", "EIO", ...)
     drop_reasons: dict[str, int] = field(default_factory=dict)
+    #: blocks that failed authentication (``auth_key_env``): unsigned, forged, swapped,
+    #: signed with a secret this tier does not hold; never served (kinds in drop_reasons)
+    auth_failures: int = 0
     #: failed store jobs by reason ("ENOSPC", "EACCES", "EIO", "internal", "full", ...)
     store_errors: dict[str, int] = field(default_factory=dict)
     #: empty files created ahead of stores (while the I/O threads were idle), and spare
@@ -180,6 +184,8 @@ class FileSystemTier(SecondaryTierManager):
         fsync: str = "never",
         io_threads: int = 4,
         delete_on_shutdown: bool = False,
+        auth_key_env: str | None = None,
+        auth_key_previous_env: str | None = None,
     ) -> None:
         super().__init__(config, primary_kv_view, tier_type)
         started = time.perf_counter()
@@ -193,8 +199,12 @@ class FileSystemTier(SecondaryTierManager):
             fsync=fsync,
             io_threads=io_threads,
             delete_on_shutdown=delete_on_shutdown,
+            auth_key_env=auth_key_env,
+            auth_key_previous_env=auth_key_previous_env,
         )
         self.settings = settings
+        self._auth = settings.auth
+        self._auth_log = AuthFailureLog(tier_type, logger)
         self.root_dir = settings.root_dir
         self._block_size = block_size
         self._durable = settings.durable
@@ -468,12 +478,15 @@ class FileSystemTier(SecondaryTierManager):
                     loading[key] = left
                 else:
                     del loading[key]
-            for key, kind, _ in outcome.failed:
+            for key, kind, message in outcome.failed:
                 cost = index.pop(key, 0)
                 if cost:
                     self._used -= cost
                     stats.dropped_blocks += 1
                     self._count(stats.drop_reasons, kind)
+                if kind in AUTH_KINDS:
+                    stats.auth_failures += 1
+                    self._auth_log.report(kind, f"block {key.hex()}: {message}", "file deleted")
             stats.loaded_blocks += len(outcome.done)
         job = self._jobs[outcome.job_id]
         job.parts_left -= 1
@@ -517,7 +530,7 @@ class FileSystemTier(SecondaryTierManager):
                 self._count(stats.store_errors, job.kind or "unknown")
             else:
                 stats.failed_load_jobs += 1
-        if job.failed and self._lost_since is None:
+        if job.failed and self._lost_since is None and job.kind not in AUTH_KINDS:
             logger.warning(
                 "tier %r: %s job %d failed for %d of %d blocks: %s",
                 self.name,
@@ -742,13 +755,17 @@ class _StoreShare(_Share):
         root = tier._root
         block_size = tier._block_size
         durable = tier._durable
+        auth = tier._auth
         outcome = self.outcome
         synced: set[int] = set()
         spares = tier._spares
         for position, (key, slot, shard) in enumerate(self.items):
             self._next = position
             row = tier._row(slot)
-            header = _format.pack_header(key, block_size, _format.checksum(row))
+            if auth is None:
+                header = _format.pack_header(key, block_size, _format.checksum(row))
+            else:
+                header = _format.pack_signed_header(key, block_size, row, auth)
             try:
                 spare = spares.popleft()
             except IndexError:
@@ -783,6 +800,7 @@ class _LoadShare(_Share):
         tier = self.tier
         root = tier._root
         block_size = tier._block_size
+        auth = tier._auth
         outcome = self.outcome
         spare = bytearray(1)
         head = bytearray(_format.HEADER_SPACE)
@@ -799,9 +817,10 @@ class _LoadShare(_Share):
             except OSError as exc:
                 problem = _os_reason(exc)
             else:
-                problem = _format.verify(head, key, block_size, nread, row)
+                problem = _format.verify(head, key, block_size, nread, row, auth)
             if problem is not None:
-                # Drop the file: a block that cannot be read back is worth nothing.
+                # Drop the file: a block that cannot be read back (or verified) is worth
+                # nothing; the root has one owner (a lock), no other reader could use it.
                 with contextlib.suppress(OSError):
                     _io.remove_block(shard_fd, name)
                 outcome.failed.append((key, *problem))

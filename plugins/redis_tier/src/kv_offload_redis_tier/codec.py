@@ -1,10 +1,21 @@
 """The stored value: a small header, then the block's bytes exactly as in the CPU buffer row.
 
-Header (little-endian): magic ``KVOB``, format version (u16), key length (u16), reserved
-(u32, zero), payload length (u64), XXH3-64 of the payload (u64), then the offload key itself.
+Two formats, both little-endian:
+
+* version 1 (checked): magic ``KVOB``, format version (u16), key length (u16), reserved
+  (u32, zero), payload length (u64), XXH3-64 of the payload (u64), then the offload key.
+* version 2 (authenticated, with ``auth_key_env``): magic ``KVOB``, format version (u16),
+  key length (u16), reserved (u32, zero), payload length (u64), the 40-byte record of
+  :class:`kv_offload.block_auth.BlockAuth` (algorithm, key id, a MAC keyed by the tenant's
+  secret over the namespace, key, block size, format version and payload), then the key. The
+  MAC replaces the checksum: it detects every accidental change the checksum would, and the
+  deliberate ones a checksum in a public format cannot.
+
 A value is accepted only if all of it matches what the reader expects: a truncated value, a
-value written for another block size, another key's value or a foreign one is rejected and
-never copied into the CPU buffer.
+value written for another block size, another key's value, a foreign one, or (with
+authentication) an unsigned or badly signed one is rejected and never copied into the CPU
+buffer. A stack without ``auth_key_env`` refuses version-2 values too (it cannot check them)
+and leaves them alone.
 
 The header is a separate buffer from the payload: the writer sends ``header`` and the CPU row
 as two pieces of one bulk string (see :mod:`.wire`), so the row is never copied to build a
@@ -17,46 +28,100 @@ import struct
 from typing import Any
 
 import xxhash
+from kv_offload.block_auth import RECORD_SIZE, BlockAuth
 
-__all__ = ["FORMAT_VERSION", "HEADER", "BadValue", "check", "header"]
+__all__ = [
+    "AUTH_FORMAT_VERSION",
+    "FORMAT_VERSION",
+    "HEADER",
+    "AuthFailed",
+    "BadValue",
+    "check",
+    "format_version",
+    "header",
+]
 
 FORMAT_VERSION = 1
+AUTH_FORMAT_VERSION = 2
 MAGIC = b"KVOB"
 HEADER = struct.Struct("<4sHHIQQ")
+#: The authenticated header: the checksum's place holds the length, then the auth record.
+AUTH_HEADER = struct.Struct(f"<4sHHIQ{RECORD_SIZE}s")
 
 
 class BadValue(Exception):
-    """A stored value failed the integrity check; the message says which part."""
+    """A stored value failed the integrity check; the message says which part.
+
+    ``delete``: whether the tier should delete it (a damaged or forged value is worthless; a
+    value this reader merely cannot check may be good for others)."""
+
+    delete = True
 
 
-def header(key: bytes, payload: Any) -> bytes:
-    """The header of ``payload`` (a buffer: a CPU buffer row) stored under ``key``."""
+class AuthFailed(BadValue):
+    """A value failed authentication; ``kind`` is one of
+    :data:`kv_offload.block_auth.AUTH_KINDS`."""
+
+    def __init__(self, kind: str, message: str, *, delete: bool = True) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.delete = delete
+
+
+def format_version(auth: BlockAuth | None) -> int:
+    """The format a stack with ``auth`` writes (and claims its namespace with)."""
+    return FORMAT_VERSION if auth is None else AUTH_FORMAT_VERSION
+
+
+def header(key: bytes, payload: Any, auth: BlockAuth | None = None) -> bytes:
+    """The header of ``payload`` (a buffer: a CPU buffer row) stored under ``key``; signed
+    when ``auth`` is given."""
     view = memoryview(payload)
-    return (
-        HEADER.pack(MAGIC, FORMAT_VERSION, len(key), 0, view.nbytes, xxhash.xxh3_64_intdigest(view))
-        + key
-    )
+    if auth is None:
+        digest = xxhash.xxh3_64_intdigest(view)
+        return HEADER.pack(MAGIC, FORMAT_VERSION, len(key), 0, view.nbytes, digest) + key
+    record = auth.sign(key, view.nbytes, AUTH_FORMAT_VERSION, view)
+    return AUTH_HEADER.pack(MAGIC, AUTH_FORMAT_VERSION, len(key), 0, view.nbytes, record) + key
 
 
-def check(value: bytes, key: bytes, block_size: int) -> memoryview:
+def check(value: bytes, key: bytes, block_size: int, auth: BlockAuth | None = None) -> memoryview:
     """The payload of ``value`` (a view, no copy) if it is ``key``'s block of ``block_size``
-    bytes in this format; :class:`BadValue` otherwise."""
+    bytes in this stack's format; :class:`BadValue` (:class:`AuthFailed` for authentication)
+    otherwise."""
     view = memoryview(value)
     if view.nbytes < HEADER.size:
         raise BadValue(f"{view.nbytes} bytes, shorter than the header")
-    magic, version, key_len, _, length, digest = HEADER.unpack_from(view)
+    magic, version, key_len, reserved, length = HEADER.unpack_from(view)[:5]
     if magic != MAGIC:
         raise BadValue("not a kv-offload block (bad magic)")
-    if version != FORMAT_VERSION:
-        raise BadValue(f"format version {version}, this reader has {FORMAT_VERSION}")
-    start = HEADER.size + key_len
-    if view[HEADER.size : start] != key:
+    if version == AUTH_FORMAT_VERSION and auth is None:
+        error = BadValue("a signed block, and this stack has no auth_key_env to check it")
+        error.delete = False
+        raise error
+    if version == FORMAT_VERSION and auth is not None:
+        raise AuthFailed("unsigned", "an unsigned block in an authenticated namespace")
+    if version != format_version(auth):
+        raise BadValue(f"format version {version}, this reader has {format_version(auth)}")
+    layout = HEADER if auth is None else AUTH_HEADER
+    if view.nbytes < layout.size:
+        raise BadValue(f"{view.nbytes} bytes, shorter than the header")
+    start = layout.size + key_len
+    if view[layout.size : start] != key:
         raise BadValue("the value names another key")
     if length != block_size:
         raise BadValue(f"a block of {length} bytes, this stack's blocks have {block_size}")
+    if reserved:
+        raise BadValue("damaged header (reserved field set)")
     payload = view[start:]
     if payload.nbytes != length:
         raise BadValue(f"truncated: {payload.nbytes} of {length} payload bytes")
-    if xxhash.xxh3_64_intdigest(payload) != digest:
-        raise BadValue("checksum mismatch")
+    if auth is None:
+        if xxhash.xxh3_64_intdigest(payload) != HEADER.unpack_from(view)[5]:
+            raise BadValue("checksum mismatch")
+        return payload
+    record = view[HEADER.size - 8 : layout.size]
+    failure = auth.verify(record, key, block_size, AUTH_FORMAT_VERSION, payload)
+    if failure is not None:
+        # A key id this reader does not hold may be the next secret of a rolling rotation.
+        raise AuthFailed(failure.kind, failure.message, delete=failure.kind != "unknown_key")
     return payload

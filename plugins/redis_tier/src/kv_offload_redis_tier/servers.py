@@ -56,6 +56,8 @@ class Servers:
         self._cluster: RedisCluster | None = None
         self._cluster_breaker = self._breaker("cluster topology")
         self._refreshed_at = 0.0
+        #: why the Cluster client could not be created last time (for a clear startup error)
+        self.init_error: BaseException | None = None
         scheme = "rediss" if settings.use_tls else "redis"
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         # The URL redis-py sees carries no password: that travels as a keyword argument.
@@ -106,10 +108,12 @@ class Servers:
                     )
                 except (RedisClusterException, ConnectionError, OSError) as exc:
                     self._cluster_breaker.failure()
+                    self.init_error = exc
                     raise Unreachable(f"no Cluster node answered ({exc})") from exc
                 except Exception as exc:
                     # redis-py raises its own ConnectionError/AuthenticationError here.
                     self._cluster_breaker.failure()
+                    self.init_error = exc
                     raise Unreachable(f"{type(exc).__name__}: {exc}") from exc
                 self._cluster_breaker.success()
             return self._cluster

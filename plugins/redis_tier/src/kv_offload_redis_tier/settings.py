@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from kv_offload.block_auth import BlockAuth
 from kv_offload.errors import ConfigError
 
 __all__ = ["RedisTierSettings", "redact_url"]
@@ -69,6 +70,8 @@ class RedisTierSettings:
     tls_cert_file: str | None
     tls_key_file: str | None
     password: str | None = field(default=None, repr=False)
+    #: signs and checks every value (``auth_key_env``); ``None``: checksums only
+    auth: BlockAuth | None = None
 
     @classmethod
     def from_args(
@@ -92,6 +95,8 @@ class RedisTierSettings:
         tls_ca_file: str | None,
         tls_cert_file: str | None,
         tls_key_file: str | None,
+        auth_key_env: str | None = None,
+        auth_key_previous_env: str | None = None,
     ) -> RedisTierSettings:
         if not isinstance(url, str):
             raise ConfigError(
@@ -210,6 +215,12 @@ class RedisTierSettings:
                 raise ConfigError(
                     f"tier {tier!r}: {name} {file!r} is not a readable file", key=name
                 )
+        auth = BlockAuth.from_arguments(
+            tier,
+            auth_key_env,
+            auth_key_previous_env,
+            context=b"kv-offload-redis-tier:" + namespace.encode(),
+        )
         return cls(
             tier=tier,
             safe_url=safe,
@@ -234,6 +245,7 @@ class RedisTierSettings:
             tls_cert_file=tls_cert_file,
             tls_key_file=tls_key_file,
             password=password,
+            auth=auth,
         )
 
     def connection_kwargs(self) -> dict[str, Any]:

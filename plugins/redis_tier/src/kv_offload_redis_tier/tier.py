@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from kv_offload import AsyncLookup, OffloadKey, ReqContext
+from kv_offload.block_auth import AuthFailureLog
 from kv_offload.errors import ConfigError
 from kv_offload.tier import JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
 from redis import Redis
@@ -37,6 +38,7 @@ from redis.exceptions import (
     AskError,
     AuthenticationError,
     ClusterDownError,
+    NoPermissionError,
     ResponseError,
     TryAgainError,
 )
@@ -70,6 +72,9 @@ class RedisTierStats:
     failed_load_jobs: int = 0
     #: values that failed the header/checksum check (each deleted)
     corrupt_values: int = 0
+    #: values that failed authentication (``auth_key_env``): unsigned, forged, signed with a
+    #: secret this stack does not hold; never served (by kind: ``auth_failure_kinds``)
+    auth_failures: int = 0
     #: keys that were gone at load time (evicted, expired, deleted)
     vanished_values: int = 0
     #: per-server parts of a batch failed without I/O (server unknown or its breaker open)
@@ -86,6 +91,27 @@ class RedisTierStats:
 
 class _BatchFailed(Exception):
     """One batch of a job failed; the message says why (already counted and logged)."""
+
+
+def _refusal(exc: BaseException | None) -> NoPermissionError | None:
+    """The ACL refusal (``NOPERM``) behind ``exc``, if one is in its chain of causes."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NoPermissionError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class _Denied(Exception):
+    """The server's ACL refused ``command`` on the namespace's keys."""
+
+    def __init__(self, command: str, error: Exception) -> None:
+        super().__init__(command)
+        self.command = command
+        self.error = error
 
 
 @functools.cache
@@ -131,6 +157,8 @@ class RedisTier(SecondaryTierManager):
         tls_ca_file: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
+        auth_key_env: str | None = None,
+        auth_key_previous_env: str | None = None,
     ) -> None:
         super().__init__(config, primary_kv_view, tier_type)
         self.settings = s = RedisTierSettings.from_args(
@@ -152,7 +180,12 @@ class RedisTier(SecondaryTierManager):
             tls_ca_file=tls_ca_file,
             tls_cert_file=tls_cert_file,
             tls_key_file=tls_key_file,
+            auth_key_env=auth_key_env,
+            auth_key_previous_env=auth_key_previous_env,
         )
+        self._auth = s.auth
+        self._auth_log = AuthFailureLog(tier_type, logger)
+        self._auth_kinds: dict[str, int] = {}
         self.stats = RedisTierStats()
         self._stats_lock = threading.Lock()
         self._cpu: npt.NDArray[np.uint8] = np.asarray(primary_kv_view)
@@ -177,9 +210,10 @@ class RedisTier(SecondaryTierManager):
 
     def __repr__(self) -> str:
         s = self.settings
+        auth = "" if self._auth is None else f", auth={self._auth!r}"
         return (
             f"RedisTier({s.safe_url!r}, namespace={s.namespace!r}, cluster={s.cluster}, "
-            f"block_size_bytes={self._block})"
+            f"block_size_bytes={self._block}{auth})"
         )
 
     # -- the scheduler side ---------------------------------------------------------------
@@ -237,6 +271,7 @@ class RedisTier(SecondaryTierManager):
         """The counters of :class:`RedisTierStats` plus the lookup helper's, as a dict."""
         with self._stats_lock:
             out: dict[str, Any] = asdict(self.stats)
+            out["auth_failure_kinds"] = dict(self._auth_kinds)
         out["lookups"] = asdict(self._lookups.stats)
         out["jobs_in_flight"] = self._in_flight
         return out
@@ -400,9 +435,8 @@ class RedisTier(SecondaryTierManager):
                 commands = []
                 for i in group.indices:
                     row = self._cpu[slots[i]]
-                    commands.append(
-                        ("SET", rkeys[i], Parts(codec.header(keys[i], row), row), *expiry)
-                    )
+                    head = codec.header(keys[i], row, self._auth)
+                    commands.append(("SET", rkeys[i], Parts(head, row), *expiry))
                 try:
                     replies = self._execute(group, commands)
                 except _BatchFailed as exc:
@@ -442,11 +476,12 @@ class RedisTier(SecondaryTierManager):
                 continue
             corrupt: list[bytes] = []
             for i, value in zip(group.indices, replies):
-                why = self._land(keys[i], rkeys[i], slots[i], value)
-                if why is not None:
+                landed = self._land(keys[i], rkeys[i], slots[i], value)
+                if landed is not None:
+                    why, delete = landed
                     failed.append(keys[i])
                     reason = reason or why
-                    if why.startswith("corrupt"):
+                    if delete:
                         corrupt.append(rkeys[i])
             if corrupt:
                 # If the server went away meanwhile, the next reader finds it corrupt again.
@@ -456,26 +491,38 @@ class RedisTier(SecondaryTierManager):
         self._count(loaded_blocks=loaded, bytes_read=loaded * self._block)
         return failed, reason
 
-    def _land(self, key: OffloadKey, rkey: bytes, slot: int, value: Any) -> str | None:
-        """Check one GET reply and copy its payload into CPU slot ``slot``; why not, or None."""
+    def _land(self, key: OffloadKey, rkey: bytes, slot: int, value: Any) -> tuple[str, bool] | None:
+        """Check one GET reply and copy its payload into CPU slot ``slot``; ``None``, or why
+        not and whether to delete the value."""
         if value is None:
             self._count(vanished_values=1)
             self._lookups.forget(key)
-            return "a block vanished (evicted, expired or deleted)"
+            return "a block vanished (evicted, expired or deleted)", False
         if isinstance(value, ResponseError):
-            return str(value)
+            return str(value), False
         try:
-            payload = codec.check(value, key, self._block)
+            payload = codec.check(value, key, self._block, self._auth)
+        except codec.AuthFailed as exc:
+            self._lookups.forget(key)
+            with self._stats_lock:
+                self.stats.auth_failures += 1
+                self._auth_kinds[exc.kind] = self._auth_kinds.get(exc.kind, 0) + 1
+            fate = "deleted" if exc.delete else "left alone"
+            self._auth_log.report(
+                exc.kind, f"value {rkey.decode()!r}: {exc}", f"the value is {fate}"
+            )
+            return f"unauthenticated value ({exc.kind}): {exc}", exc.delete
         except codec.BadValue as exc:
             self._count(corrupt_values=1)
             self._lookups.forget(key)
             logger.warning(
-                "%s: value %r failed its check (%s); deleted, the load fails",
+                "%s: value %r failed its check (%s); %s, the load fails",
                 self.name,
                 rkey.decode(),
                 exc,
+                "deleted" if exc.delete else "left alone",
             )
-            return f"corrupt value: {exc}"
+            return f"corrupt value: {exc}", exc.delete
         np.copyto(self._cpu[slot], np.frombuffer(payload, np.uint8))
         return None
 
@@ -524,13 +571,26 @@ class RedisTier(SecondaryTierManager):
                 return
             s = self.settings
             meta = f"{s.namespace}:__format__".encode()
-            mine = f"kv-offload-redis-tier format={codec.FORMAT_VERSION} block_size={self._block}"
+            version = codec.format_version(self._auth)
+            mine = f"kv-offload-redis-tier format={version} block_size={self._block}"
             try:
                 server, client, breaker = self._servers.client_for(meta)
                 if not at_startup and not breaker.allow():
                     raise _BatchFailed(f"{self._where(server)} is down; retrying later")
                 try:
-                    theirs = self._claim(client, meta, mine)
+                    try:
+                        theirs = self._claim(client, meta, mine)
+                    except NoPermissionError as exc:
+                        raise _Denied("SET NX / GET (the namespace marker)", exc) from None
+                    self._check_permissions(client, meta)
+                except _Denied as exc:
+                    denied = self._denied(exc.command, exc.error)
+                    if at_startup:
+                        raise denied from None
+                    # The server was unreachable at startup: fail every job from now on.
+                    self._fatal = str(denied)
+                    logger.error("%s: %s", self.name, denied)
+                    raise _BatchFailed(str(denied)) from None
                 except _UNREACHABLE as exc:
                     self._server_failed(server, breaker, exc)
                     if at_startup and isinstance(exc, AuthenticationError):
@@ -555,6 +615,17 @@ class RedisTier(SecondaryTierManager):
                     ) from None
                 raise
             except (_BatchFailed, Unreachable) as exc:
+                refused = _refusal(exc) or _refusal(self._servers.init_error)
+                if at_startup and refused is not None and s.cluster:
+                    user = s.username or "default"
+                    raise ConfigError(
+                        f"tier {s.tier!r}: the Redis user {user!r} on {s.safe_url} may not run "
+                        f"the Cluster commands the client needs to find the slots of namespace "
+                        f"{s.namespace!r} ({refused}); a Cluster user needs `+cluster|slots "
+                        f"+command` besides `~{s.namespace}:* +get +set +exists +del` on every "
+                        f"node (see the tier's README, 'Access control')",
+                        key="namespace",
+                    ) from None
                 if at_startup and "Cluster mode is not enabled" in str(exc):
                     raise ConfigError(
                         f"tier {s.tier!r}: cluster = true, but {s.safe_url} is a standalone "
@@ -572,10 +643,15 @@ class RedisTier(SecondaryTierManager):
                     return
                 raise _BatchFailed(str(exc)) from None
             if theirs != mine:
+                hint = "give this model or block size its own namespace"
+                if f"block_size={self._block}" in theirs.split():
+                    hint = (
+                        "every engine of a namespace must set auth_key_env (format=2) or none "
+                        "(format=1); set it here too, or give this stack its own namespace"
+                    )
                 message = (
                     f"tier {s.tier!r}: namespace {s.namespace!r} on {s.safe_url} holds "
-                    f"{theirs!r}, this stack writes {mine!r}; give this model or block size "
-                    f"its own namespace"
+                    f"{theirs!r}, this stack writes {mine!r}; {hint}"
                 )
                 if at_startup:
                     raise ConfigError(message)
@@ -583,6 +659,34 @@ class RedisTier(SecondaryTierManager):
                 logger.error("%s: %s", self.name, message)
                 raise _BatchFailed(message)
             self._namespace_checked = True
+
+    def _check_permissions(self, client: Redis, meta: bytes) -> None:
+        """Run every command the tier uses once on a probe key of the namespace, so that a
+        user the server's ACL does not let use it fails the build (:class:`ConfigError`)
+        instead of every later job failing one by one. The probe's hash tag puts it in the
+        marker's Cluster slot: the same server answers."""
+        probe = f"{self.settings.namespace}:__acl_probe__{{".encode() + meta + b"}"
+        pipe = client.pipeline(transaction=False)
+        pipe.set(probe, b"1", px=60_000)
+        pipe.get(probe)
+        pipe.exists(probe)
+        pipe.delete(probe)
+        replies = pipe.execute(raise_on_error=False)
+        for command, reply in zip(("SET ... PX", "GET", "EXISTS", "DEL"), replies):
+            if isinstance(reply, NoPermissionError):
+                raise _Denied(command, reply)
+            # Other errors (OOM under noeviction, ...) are the server's state, not the ACL's.
+
+    def _denied(self, command: str, exc: Exception) -> ConfigError:
+        s = self.settings
+        user = s.username or "default"
+        return ConfigError(
+            f"tier {s.tier!r}: the Redis user {user!r} on {s.safe_url} may not run {command} "
+            f"on keys of namespace {s.namespace!r} ({exc}); grant it, e.g. "
+            f"`ACL SETUSER {user} ~{s.namespace}:* +get +set +exists +del`, or use the "
+            f"namespace its ACL allows (see the tier's README, 'Access control')",
+            key="namespace",
+        )
 
     @staticmethod
     def _claim(client: Redis, meta: bytes, mine: str) -> str:
