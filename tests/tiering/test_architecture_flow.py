@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,7 +42,9 @@ def _store(m: TieringOffloadingManager, ids: list[int], ctx: ReqContext) -> None
     m.complete_store(out.keys_to_store, ctx)
 
 
-def traced_modules(tmp_path: Path) -> list[str]:
+def traced_modules(
+    tmp_path: Path, watch: Callable[[FrameType, str, Any], None] | None = None
+) -> list[str]:
     config = {
         "num_blocks": 4,
         "block_size_bytes": BLOCK,
@@ -61,6 +64,8 @@ def traced_modules(tmp_path: Path) -> list[str]:
     seen: list[str] = []
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if watch is not None:
+            watch(frame, event, arg)
         if event != "call":
             return
         module = frame.f_globals.get("__name__", "")
@@ -112,3 +117,29 @@ def test_one_tiered_request_walks_through_few_of_the_stacks_modules(tmp_path: Pa
         f"{STACK_MODULE_BOUND}): {', '.join(stack)}"
     )
     assert stack[:2] == ["kv_offload.tiering.manager", "kv_offload.cpu.manager"]
+
+
+def test_only_the_tiered_manager_calls_the_cpu_tier(tmp_path: Path) -> None:
+    """Every entry into the CPU tier's modules during a tiered request comes from the tiered
+    manager (or from the CPU tier itself): the job table and the request scope decide, the
+    manager acts. Entry-guard wrappers (compiled, no module name) and ``HookErrorLog.call``
+    (it runs the call it is handed, collecting hook errors) are looked through."""
+    callers: set[str] = set()
+
+    def module(frame: FrameType) -> str:
+        return str(frame.f_globals.get("__name__", ""))
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call" or not module(frame).startswith("kv_offload.cpu."):
+            return
+        caller = frame.f_back
+        while caller is not None and (
+            module(caller).startswith(("kv_offload.cpu.", "kv_offload.plugins.dispatch"))
+            or not module(caller)
+        ):
+            caller = caller.f_back
+        if caller is not None and module(caller).startswith("kv_offload"):
+            callers.add(module(caller))
+
+    traced_modules(tmp_path, profile)
+    assert callers == {"kv_offload.tiering.manager"}

@@ -213,6 +213,35 @@ def test_tier_event_hook_calling_the_flow_back_is_refused(
     assert manager.primary.ref_count(key(1)) == 0  # the cascade's pin was released
 
 
+@pytest.mark.parametrize(
+    "method, call",
+    [
+        ("lookup", lambda m: m.primary.lookup(key(9), ReqContext("x"))),
+        ("prepare_store", lambda m: m.primary.prepare_store([key(9)], ReqContext("x"))),
+        ("pin", lambda m: m.primary.pin([key(1)], ReqContext("x"))),
+    ],
+)
+def test_tier_event_hook_calling_the_cpu_tier_back_is_refused(
+    method: str, call: Callable[[TieringOffloadingManager], object]
+) -> None:
+    """The stack shares one entry token: a hook fired while the tiered manager acts may not
+    change its CPU tier behind its back (a pin taken here would outlive the job table's
+    bookkeeping), and the error names the tiered call that is running."""
+    manager = stack(4, (CallsBackOnJob(call),))
+    assert manager._entry is manager.primary._entry
+    with pytest.raises(HookError) as info:
+        store_and_step(manager)
+    cause = info.value.__cause__
+    assert isinstance(cause, ConcurrentUseError) and cause.reentrant
+    assert cause.method == method and cause.manager == "CPUOffloadingManager"
+    assert "TieringOffloadingManager.on_schedule_end() is running on the same thread" in str(cause)
+    stats = manager.get_stats()
+    assert stats.tiers[0].cascaded_blocks == 1 and stats.jobs_in_flight == 0
+    assert stats.cpu.lookups == 0 and manager.primary.ref_count(key(9)) is None
+    assert manager.primary.ref_count(key(1)) == 0  # only the cascade pinned it, and released
+    assert manager.lookup(key(1), ReqContext("after")) is HIT  # the guard was given back
+
+
 def test_second_thread_on_the_tiered_manager_is_refused() -> None:
     inside, release = threading.Event(), threading.Event()
 

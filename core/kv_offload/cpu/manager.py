@@ -293,7 +293,7 @@ class CPUOffloadingManager(CPUManagerState):
             evicted = found
         # Counted once eviction can no longer raise: a broken policy leaves the stats as they were.
         self.counters.observe_allocation(count)
-        new_blocks = self._slots.allocate(to_store)
+        new_blocks = self._slots.allocate(count)
         self._policy.insert_many(to_store, new_blocks)
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
         if evicted and (hook := self.hooks.blocks_evicted) is not None:

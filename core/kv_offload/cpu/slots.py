@@ -10,11 +10,8 @@ correctness, and ``benchmarks/replay.py`` (throughput) and ``benchmarks/memory.p
 per resident block) for speed and size.
 
 A slot's ref count: ``-1`` pending (a store is in flight), ``0`` idle (readable, evictable),
-``n > 0`` pinned by ``n`` readers. The table counts, and remembers which key each slot was
-last handed out for (``owners``): the policy answers the manager's key lookups, but the
-manager checks a policy's eviction answer against ``owners`` before it frees anything, and
-puts back what a broken ``evict()`` removed (:mod:`kv_offload.cpu.eviction`). Which calls
-are legal is the manager's business.
+``n > 0`` pinned by ``n`` readers. The table only counts; which key a slot holds is the
+policy's business, and which calls are legal the manager's.
 """
 
 from __future__ import annotations
@@ -55,8 +52,6 @@ class SlotTable:
         #: ref count per slot id; the list object never changes (statuses read it).
         self.refs: list[int] = [PENDING_REF_CNT] * num_blocks
         self._status_cls: type[BlockStatus] = bind_block_status(self.refs)
-        #: The key each slot was last allocated for (stale for a free slot).
-        self.owners: list[Any] = [None] * num_blocks
         self.free: list[BlockStatus] = []
         self.num_allocated = 0
         #: never-used slots plus freed ones (kept, not computed: prepare_store reads it)
@@ -64,11 +59,6 @@ class SlotTable:
         self.num_evictable = 0
         self.num_pending = 0
         self.num_pinned = 0
-
-    @property
-    def status(self) -> type[BlockStatus]:
-        """The ``BlockStatus`` class bound to this table (``status(slot)`` is a slot's)."""
-        return self._status_cls
 
     @property
     def num_resident(self) -> int:
@@ -143,13 +133,11 @@ class SlotTable:
         self.num_free += len(blocks)
         self.num_evictable -= len(blocks)
 
-    def allocate(self, keys: list[Any]) -> list[BlockStatus]:
-        """A slot per key, marked pending and owned by it: never-used slots first, then freed
-        ones, last freed first."""
+    def allocate(self, count: int) -> list[BlockStatus]:
+        """``count`` slots, marked pending: never-used slots first, then freed ones, last
+        freed first."""
         free = self.free
         refs = self.refs
-        owners = self.owners
-        count = len(keys)
         fresh = self.num_blocks - self.num_allocated
         if fresh > count:
             fresh = count
@@ -159,9 +147,8 @@ class SlotTable:
             reused = free[cut:]
             del free[cut:]
             reused.reverse()  # the free list is a stack: the last freed slot comes out first
-            for block, key in zip(reused, keys[fresh:] if fresh else keys):
+            for block in reused:
                 refs[block] = PENDING_REF_CNT
-                owners[block] = key
         self.num_pending += count
         self.num_free -= count
         if not fresh:  # the steady state of a full cache
@@ -169,7 +156,6 @@ class SlotTable:
         start = self.num_allocated
         self.num_allocated += fresh
         refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
-        owners[start : start + fresh] = keys if fresh == count else keys[:fresh]
         status = self._status_cls
         return [status(slot) for slot in range(start, start + fresh)] + reused
 
