@@ -26,7 +26,9 @@ from typing import Any
 
 from .config import StackConfig
 from .config.memory import human, physical_memory_bytes
-from .errors import ConfigError
+from .errors import ConfigError, KVOffloadError
+from .tier import OffloadingConfig
+from .tiering import SecondaryTierFactory
 
 __all__ = [
     "DISK_SHARE",
@@ -193,7 +195,7 @@ def apply_geometry(
     geometry = Geometry(block_bytes, source, num_blocks)
     memory = available_memory if available_memory is not None else _available_memory()
     tiers = list(stack.tiers)
-    in_memory = [i for i, t in enumerate(tiers) if t.type == "example"]
+    in_memory = [i for i, t in enumerate(tiers) if _holds_process_memory(t, block_bytes)]
     if memory is not None:
         budget = int(memory * MEMORY_SHARE) // max(engines, 1)
         wanted = num_blocks + sum(_capacity(tiers[i]) or 0 for i in in_memory)
@@ -232,6 +234,18 @@ def apply_geometry(
     geometry.cpu_blocks = num_blocks
     stack = replace(stack, block_size_bytes=block_bytes, num_blocks=num_blocks, tiers=tuple(tiers))
     return stack, geometry
+
+
+def _holds_process_memory(tier: Any, block_bytes: int) -> bool:
+    """Whether the tier keeps its blocks in this process's memory: what its class reports
+    through ``SecondaryTierManager.memory_bytes``, the answer the config's memory estimate
+    reads too (an unknown plugin is left to that check, which names it)."""
+    try:
+        cls = SecondaryTierFactory.registry.resolve(tier.type, tier.module_path)
+        held = cls.memory_bytes(OffloadingConfig(1, block_bytes), **tier.arguments)
+    except KVOffloadError:
+        return False
+    return bool(held)
 
 
 def _capacity(tier: Any) -> int | None:
