@@ -24,11 +24,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .buffer import CPUKVBuffer
-from .errors import ConfigError
+from .errors import ConfigError, KVOffloadError
 from .keys import OffloadKey
 from .types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
 
-__all__ = ["ReplayResult", "replay", "block_bytes"]
+__all__ = ["ReplayResult", "block_bytes", "drain_for_report", "replay"]
 
 #: Scheduler steps a replay takes back to back for a PENDING block before it starts sleeping
 #: between steps (a synchronous tier's promotion lands within a step or two).
@@ -191,3 +191,19 @@ def replay(
         corrupted,
         time.perf_counter() - start,
     )
+
+
+def drain_for_report(manager: object) -> str | None:
+    """Wait for a tiered stack's tier jobs before its figures are read. A tier that never
+    reported its jobs makes the report incomplete (the returned reason) rather than failing
+    it: the measurements stand. Any other drain error is raised."""
+    drain = getattr(manager, "drain", None)
+    if drain is None:  # a CPU-only stack has no jobs
+        return None
+    try:
+        drain()
+    except KVOffloadError as exc:
+        if not manager.has_pending_work():  # type: ignore[attr-defined]
+            raise
+        return str(exc)
+    return None

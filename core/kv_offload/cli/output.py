@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.memory import human
+from ..geometry import Geometry, describe_scaling
+
 __all__ = ["print_fleet_report", "print_replay_report", "table"]
 
 
@@ -96,8 +99,6 @@ def _print_timed(report: dict[str, Any]) -> None:
 def _rate(value: float | None) -> str:
     if value is None:
         return "-"
-    from ..config.memory import human
-
     return f"{human(int(value))}/s"
 
 
@@ -166,8 +167,6 @@ def _print_geometry(report: dict[str, Any]) -> None:
     geometry = report.get("geometry")
     if not geometry or geometry["source"] == "the config's block_size_bytes":
         return
-    from ..geometry import Geometry, describe_scaling
-
     print(f"block size       {geometry['block_bytes']:,} bytes ({geometry['source']})")
     for line in describe_scaling(Geometry(**geometry)):
         print(f"  {line}")

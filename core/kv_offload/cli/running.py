@@ -14,7 +14,7 @@ from ..build import build_manager
 from ..config import StackConfig
 from ..errors import KVOffloadError
 from ..load_wait import LoadWaitPolicy
-from ..replay import ReplayResult, replay
+from ..replay import ReplayResult, drain_for_report, replay
 from ..replay_clock import (
     ReplayProbe,
     TimedReplayResult,
@@ -171,17 +171,11 @@ def run(
         unregister()
         _shutdown_after_error(manager)
         raise
-    incomplete = None
-    drain = getattr(manager, "drain", None)  # a tiered stack: wait for every tier job
     try:
-        if drain is not None:
-            drain()
-    except KVOffloadError as exc:
-        if not manager.has_pending_work():
-            _shutdown_after_error(manager)
-            raise
-        # A tier never reported its jobs: the measurements stand, marked incomplete.
-        incomplete = str(exc)
+        incomplete = drain_for_report(manager)
+    except KVOffloadError:
+        _shutdown_after_error(manager)
+        raise
     report = _report(stack, manager, result)  # after the drain: every reported job counted
     if timed is not None and clock is not None:
         report.update(_timed_report(stack, manager, timed, probe, clock))

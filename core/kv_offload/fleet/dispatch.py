@@ -23,7 +23,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,32 +132,18 @@ class _EngineState:
 class _Fleet:
     engines: list[_EngineState]
     outbox: Any
-    finished_total: int = 0
     progress: Callable[[int], None] | None = None
-    events: list[str] = field(default_factory=list)
 
     def pump(self, timeout: float) -> None:
         """Take the engines' messages for up to ``timeout`` seconds, then look for engines
         that died without a word."""
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
-            remaining = deadline - time.monotonic()
             try:
-                kind, index, payload = self.outbox.get(timeout=max(remaining, 0.0))
+                message = self.outbox.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
                 break
-            engine = self.engines[index]
-            if kind == READY:
-                engine.ready = True
-            elif kind == FINISHED:
-                engine.finished += payload
-                self.finished_total += payload
-                if self.progress is not None:
-                    self.progress(payload)
-            elif kind == RESULT:
-                engine.result = payload
-            elif kind == ERROR:
-                engine.error = payload
+            self._take(*message)
             if time.monotonic() >= deadline:
                 break
         for engine in self.engines:
@@ -170,19 +156,24 @@ class _Fleet:
     def _drain_now(self) -> None:
         while True:
             try:
-                kind, index, payload = self.outbox.get_nowait()
+                message = self.outbox.get_nowait()
             except queue.Empty:
                 return
-            engine = self.engines[index]
-            if kind == FINISHED:
-                engine.finished += payload
-                self.finished_total += payload
-            elif kind == RESULT:
-                engine.result = payload
-            elif kind == ERROR:
-                engine.error = payload
-            elif kind == READY:
-                engine.ready = True
+            self._take(*message)
+
+    def _take(self, kind: str, index: int, payload: Any) -> None:
+        """One message of engine ``index`` (see :mod:`kv_offload.fleet.engine`)."""
+        engine = self.engines[index]
+        if kind == READY:
+            engine.ready = True
+        elif kind == FINISHED:
+            engine.finished += payload
+            if self.progress is not None:
+                self.progress(payload)
+        elif kind == RESULT:
+            engine.result = payload
+        elif kind == ERROR:
+            engine.error = payload
 
     def live(self) -> list[_EngineState]:
         return [e for e in self.engines if e.live]

@@ -21,8 +21,8 @@ from typing import Any
 
 from ..build import build_manager
 from ..config import StackConfig
-from ..errors import KVOffloadError
 from ..load_wait import build_load_wait
+from ..replay import drain_for_report
 from ..replay_clock import (
     Engine,
     ReplayProbe,
@@ -106,7 +106,7 @@ def engine_main(
                 outbox.put((FINISHED, index, finished))
 
         result = run_engine(engine, QueueArrivals(inbox), step_s=settings.step_s, on_step=report)
-        incomplete = _drain(manager)
+        incomplete = drain_for_report(manager)
         summary = _summary(result, manager, probe, incomplete)
         manager.shutdown()
         outbox.put((RESULT, index, summary))
@@ -114,18 +114,6 @@ def engine_main(
         outbox.put((ERROR, index, _why(exc)))
         with contextlib.suppress(Exception):  # the first error is the one reported
             manager.shutdown()
-
-
-def _drain(manager: Any) -> str | None:
-    """Wait for the tier jobs; a tier that never reports marks the summary incomplete."""
-    drain = getattr(manager, "drain", None)
-    if drain is None:
-        return None
-    try:
-        drain()
-    except KVOffloadError as exc:
-        return str(exc)
-    return None
 
 
 def _summary(
