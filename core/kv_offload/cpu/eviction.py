@@ -78,6 +78,8 @@ def evict_for(
                 f"so some named key was not one it held (or was not removed): {named}"
             ),
         )
+    if (sink := manager.eviction_sink) is not None:
+        sink(keys, blocks)  # before the slots are freed: the victims' bytes are still intact
     slots.release_idle(blocks)
     manager.counters.evictions += shortfall
     if manager.event_log is not None:

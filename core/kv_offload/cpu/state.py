@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..base import OffloadingManager
+from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded, new_entry_token, unguarded
 from ..errors import ConfigError, InvalidArgumentError, KVOffloadError, PluginError
@@ -206,6 +207,9 @@ class CPUManagerState(OffloadingManager):
         #: Set by a tiered manager built over this CPU tier: request tier filters are then
         #: that manager's to check (a CPU-only manager refuses a filter naming tiers).
         self.fronts_tiers = False
+        #: Set by a tiered manager with a write-back tier: called with each eviction's keys
+        #: and slots before the slots are freed, so it can take the victims' bytes.
+        self.eviction_sink: Callable[[list[OffloadKey], list[BlockStatus]], None] | None = None
         self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
         self.counters = Counters()
         self._errors = HookErrorLog()
