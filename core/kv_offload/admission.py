@@ -60,6 +60,9 @@ class AdmissionPolicy:
     secondary tier's declared capacity), else ``None``.
     """
 
+    #: The name it was configured by (set by :func:`build_admission`), for errors and stats.
+    plugin_name: str = ""
+
     def __init__(self, *, capacity_blocks: int | None = None) -> None:
         self.capacity_blocks = capacity_blocks
 
@@ -220,7 +223,7 @@ admission_registry: PluginRegistry[AdmissionPolicy] = PluginRegistry(
     "admission",
     ADMISSION_ENTRY_POINT_GROUP,
     AdmissionPolicy,
-    'admission = "NAME"',
+    '"admission_module_path"',
 )
 
 
@@ -259,4 +262,5 @@ def build_admission(
             kind="admission",
             plugin=name,
         )
+    admission.plugin_name = name
     return admission

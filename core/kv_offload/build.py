@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import OffloadingManager
+from .buffer import CPUKVBuffer
 from .config import StackConfig, hook_settings_error, load_config, tier_error
 from .config.resolve import memory_error
 from .cpu import CPUOffloadingManager
@@ -55,14 +56,19 @@ def _build(
             plugin_manager = selection.plugin_manager(stack.hooks.settings)
         except PluginSettingsError as exc:
             raise hook_settings_error(stack, exc) from exc
+    kv_buffer = None
+    if stack.staging_rows and stack.block_size_bytes is not None:
+        # Rows past num_blocks hold evicted blocks a write-back tier is still writing.
+        kv_buffer = CPUKVBuffer(stack.num_blocks + stack.staging_rows, stack.block_size_bytes)
     primary = CPUOffloadingManager(
         stack.num_blocks,
+        kv_buffer=kv_buffer,
         cache_policy=stack.policy,
         cache_policy_module_path=stack.policy_module_path,
         enable_events=stack.enable_events,
         store_threshold=stack.store_threshold,
         max_tracker_size=stack.max_tracker_size,
-        block_size_bytes=stack.block_size_bytes,
+        block_size_bytes=None if kv_buffer is not None else stack.block_size_bytes,
         plugin_manager=plugin_manager,
     )
     if not stack.tiers:

@@ -62,6 +62,7 @@ class StackConfig:
     enable_events: bool = _TOP["enable_events"].default
     store_threshold: int = _TOP["store_threshold"].default
     max_tracker_size: int = _TOP["max_tracker_size"].default
+    write_back_buffer_blocks: int | None = _TOP["write_back_buffer_blocks"].default
     drain_timeout_s: float = _TOP["drain_timeout_s"].default
     promotion_timeout_s: float = _TOP["promotion_timeout_s"].default
     promotion_backoff_s: float = _TOP["promotion_backoff_s"].default
@@ -84,6 +85,23 @@ class StackConfig:
             },
             **{f.name: getattr(self, f.name) for f in shown if f.shown == ""},
         }
+
+    @property
+    def write_back(self) -> bool:
+        """Whether a tier is written back (the CPU KV buffer then has staging rows)."""
+        return any(t.arguments.get("write_policy") == "write-back" for t in self.tiers)
+
+    @property
+    def staging_rows(self) -> int:
+        """The CPU KV buffer's write-back staging rows (0 without a write-back tier)."""
+        if not self.write_back:
+            return 0
+        if self.write_back_buffer_blocks is not None:
+            return self.write_back_buffer_blocks
+        # Enough for the blocks a few steps evict while a tier writes (and for one large
+        # store's victims: a store evicting more dirty blocks than there are rows drops the
+        # rest); more only adds memory.
+        return min(self.num_blocks, max(64, self.num_blocks // 16))
 
     def hook_selection(self) -> HookSelection:
         """The hook plugins this stack loads: its ``[hooks]`` table under the environment's

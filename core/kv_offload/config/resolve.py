@@ -242,7 +242,7 @@ def _estimate(
         elif held:
             tiers.append((tier.type, held))
     return MemoryEstimate(
-        cpu_buffer=config.num_blocks * block_size,
+        cpu_buffer=(config.num_blocks + config.staging_rows) * block_size,
         bookkeeping=config.num_blocks * BOOKKEEPING_BYTES_PER_BLOCK,
         tiers=tuple(tiers),
         unbounded=tuple(unbounded),

@@ -175,6 +175,16 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
         shown="cpu",
     ),
     Field(
+        "write_back_buffer_blocks",
+        POSITIVE_INT,
+        None,
+        "staging rows for blocks a `write-back` tier is still writing after the CPU tier "
+        "evicted them (default: 1/16 of `num_blocks`, at least 64, at most `num_blocks`); "
+        "more rows let a slow tier fall further behind before an eviction waits, and one "
+        "store evicting more blocks than there are rows leaves the rest unwritten",
+        shown=None,
+    ),
+    Field(
         "drain_timeout_s",
         POSITIVE_SECONDS,
         30.0,
@@ -246,6 +256,34 @@ _CORE_TIER_ROWS = (
         "table",
         "unset",
         "the tier's backpressure (cascade gate); see `kv_offload.tiering.cascade_gate`",
+    ),
+    (
+        "`[[tiers]] write_policy`",
+        "str",
+        '"write-through"',
+        'when the tier is written: `"write-through"` (every CPU store), '
+        '`"write-through-selective"` (the stores its admission admits; default admission '
+        '`store-threshold`) or `"write-back"` (when the CPU tier evicts a block); see '
+        "`kv_offload.tiering.writes`",
+    ),
+    (
+        "`[[tiers]] admission`",
+        "str",
+        "unset",
+        "admission plugin (`kv_offload.admission`) choosing which offered blocks the tier "
+        "writes (unset: all)",
+    ),
+    (
+        "`[[tiers]] admission_options`",
+        "table",
+        "unset",
+        "the admission's settings",
+    ),
+    (
+        "`[[tiers]] admission_module_path`",
+        "str",
+        "unset",
+        "module defining the class named `admission` (out-of-tree admission)",
     ),
     (
         "`[backpressure]`",

@@ -43,7 +43,8 @@ def check_num_blocks(num_blocks: Any, kv_buffer: CPUKVBuffer | None) -> None:
         )
     if num_blocks <= 0:
         raise ConfigError(f"num_blocks must be > 0 (CPU tier size in blocks), got {num_blocks}")
-    if kv_buffer is not None and kv_buffer.num_blocks != num_blocks:
+    # Rows past num_blocks are not the CPU tier's: a tiered manager's write-back staging.
+    if kv_buffer is not None and kv_buffer.num_blocks < num_blocks:
         raise ConfigError(
             f"kv_buffer has {kv_buffer.num_blocks} rows but num_blocks is {num_blocks}"
         )

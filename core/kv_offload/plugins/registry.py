@@ -44,6 +44,9 @@ KNOWN_DISTRIBUTIONS: dict[tuple[str, str], str] = {
     ("policy", "lru"): "kv-offload-lru",
     ("policy", "arc"): "kv-offload-arc",
     ("tier", "example"): "kv-offload-example-tier",
+    ("admission", "always"): "kv-offload-admission",
+    ("admission", "seen-before"): "kv-offload-admission",
+    ("admission", "tinylfu"): "kv-offload-admission",
 }
 
 RUNTIME = "runtime registration"

@@ -21,8 +21,10 @@ import numpy.typing as npt
 from ..keys import OffloadKey
 from ..tier_types import Locality, Medium, RequestOffloadingContext
 from ..types import ReqContext
+from .writes import WritePolicy
 
 if TYPE_CHECKING:
+    from ..admission import AdmissionPolicy
     from .cascade_gate import CascadeGate
 
 __all__ = [
@@ -105,12 +107,24 @@ class SecondaryTierManager(ABC):
     same config reaches the same blocks (a server such as Redis) rather than a store private
     to its process (its memory, a directory it manages alone): a fleet replay shares the
     former between its engines and gives each engine its own of the latter.
+
+    ``write_policy`` and ``admission`` are set by the factory from the tier's keys of those
+    names (:mod:`kv_offload.tiering.writes`): when the tier is written, and which blocks.
+    ``capacity_blocks`` (set it in ``__init__`` when the tier knows it) is handed to the
+    tier's admission, which may keep a shadow of the tier's contents.
+
+    A job's ``block_ids`` are rows of ``primary_kv_view``; a write-back tier's store jobs may
+    name rows past the CPU tier's ``num_blocks`` (staging rows of evicted blocks), so index
+    the whole view rather than checking ids against ``config.num_blocks``.
     """
 
     medium: ClassVar[Medium | None] = None
     shared_across_engines: ClassVar[bool] = False
     locality: Locality | None = None
     cascade_gate: CascadeGate | None = None
+    write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
+    admission: AdmissionPolicy | None = None
+    capacity_blocks: int | None = None
 
     def __init__(
         self, config: OffloadingConfig, primary_kv_view: memoryview, tier_type: str

@@ -14,20 +14,36 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError, InvalidArgumentError, KVOffloadError, PluginError
+from ..admission import AdmissionPolicy, admission_registry, build_admission
+from ..config.locate import did_you_mean
+from ..errors import (
+    ConfigError,
+    InvalidArgumentError,
+    KVOffloadError,
+    PluginError,
+    PluginNotFoundError,
+)
 from ..plugins.registry import PluginInfo, PluginRegistry
 from ..tier_types import Locality
 from .base import OffloadingConfig, SecondaryTierManager
 from .cascade_gate import build_gate
+from .writes import WritePolicy, check_admission_args, parse_write_policy
 
 __all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_arguments"]
 
 TIER_ENTRY_POINT_GROUP = "kv_offload.tiers"
 _RESERVED = ("config", "primary_kv_view", "tier_type")
+#: Of a tier config's kv-offload keys, the ones a config passes along with its arguments.
+_CORE_ARGUMENTS = (
+    "locality",
+    "backpressure",
+    "write_policy",
+    "admission",
+    "admission_options",
+    "admission_module_path",
+)
 #: Keys of a tier config that are kv-offload's, not constructor arguments.
-_NOT_ARGUMENTS = ("type", "module_path", "name", "locality", "backpressure")
-#: Of those, the ones a config passes along with the tier's arguments.
-_CORE_ARGUMENTS = ("locality", "backpressure")
+_NOT_ARGUMENTS = ("type", "module_path", "name", *_CORE_ARGUMENTS)
 
 _registry: PluginRegistry[SecondaryTierManager] = PluginRegistry(
     "tier",
@@ -114,6 +130,43 @@ def _set_core_arguments(tier: SecondaryTierManager, config: Mapping[str, Any]) -
     tier.cascade_gate = build_gate(
         config.get("backpressure"), tier.name, tier.locality or Locality.LOCAL
     )
+    tier.write_policy, tier.admission = _writes(
+        tier.name, config, getattr(tier, "capacity_blocks", None)
+    )
+
+
+def _writes(
+    tier: str, config: Mapping[str, Any], capacity_blocks: int | None
+) -> tuple[WritePolicy, AdmissionPolicy | None]:
+    """The tier's write policy and admission from its ``write_policy`` and ``admission*``
+    keys (:mod:`kv_offload.tiering.writes`); bad values are a ``ConfigError`` naming the key."""
+    policy = parse_write_policy(config.get("write_policy", "write-through"), tier)
+    name = config.get("admission")
+    options = config.get("admission_options")
+    check_admission_args(tier, name, options)
+    if name is None and policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
+        name = "store-threshold"  # a block the CPU tier stored twice: evicted, then reused
+    if name is None:
+        return policy, None
+    try:
+        admission = build_admission(
+            name,
+            options,
+            config.get("admission_module_path"),
+            capacity_blocks=capacity_blocks,
+            where=f"tier {tier!r}",
+        )
+    except ConfigError as exc:
+        if exc.key is None:
+            exc.key = "admission_options" if options else "admission"
+        raise
+    except PluginError as exc:
+        message = str(exc)
+        if isinstance(exc, PluginNotFoundError):
+            known = {info.name for info in admission_registry.available()}
+            message += did_you_mean(name, known)
+        raise ConfigError(message, key="admission") from exc
+    return policy, admission
 
 
 def _locality(tier_type: str, value: object) -> Locality:
@@ -146,6 +199,7 @@ def check_tier_arguments(
     if arguments.get("locality") is not None:
         locality = _locality(tier_type, arguments["locality"])
     build_gate(arguments.get("backpressure"), tier_type, locality)  # names and values
+    _writes(tier_type, arguments, None)  # write policy, admission name and options
     arguments = {k: v for k, v in arguments.items() if k not in _CORE_ARGUMENTS}
     for key in arguments:
         if key in _RESERVED:

@@ -94,6 +94,8 @@ class _Job:
     meta: JobMetadata
     submitted: float  # time.perf_counter() at submission
     started: float = 0.0  # time.monotonic() at submission (gated cascades only)
+    #: A write-back job: its rows are staging rows (tiering/writes.py), not pinned CPU slots.
+    staged: bool = False
 
 
 @dataclass
@@ -392,13 +394,15 @@ class JobTable:
         keys: list[OffloadKey],
         slots: Sequence[int],
         ctx: ReqContext,
+        *,
+        staged: bool = False,
     ) -> Finished | None:
         """Hand a job to tier ``index``. A tier that raises fails the job at once: the
         :class:`Finished` failure is returned for the manager to act on."""
         job_id = self._next_id
         self._next_id += 1
         meta = JobMetadata(job_id, keys, np.asarray(slots, np.int64), direction, ctx)
-        job = self._jobs[job_id] = _Job(index, meta, time.perf_counter())
+        job = self._jobs[job_id] = _Job(index, meta, time.perf_counter(), staged=staged)
         if direction is _STORE and self.gates[index] is not None:
             job.started = time.monotonic()
         tier = self._tiers[index]

@@ -6,6 +6,8 @@
 * A CPU miss that a tier has reserves a CPU slot and queues a promotion, submitted at
   ``on_schedule_end()``.
 * Request-level offload and per-request tier filters: :mod:`kv_offload.tiering.request_scope`.
+* Which blocks each tier writes, and when (write-through or write-back, admission):
+  :mod:`kv_offload.tiering.writes`; this module acts on its decisions.
 
 This module is the only code that calls the CPU tier. The job table
 (:mod:`kv_offload.tiering.jobs`: jobs, the promotion state machine, per-tier counters and
@@ -29,7 +31,7 @@ from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import as_list, check_context, closed_error, not_bytes, short
-from ..errors import ConfigError, KeyStateError
+from ..errors import ConfigError, KeyStateError, PluginError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
 from ..tier_types import Locality, RequestOffloadingContext
@@ -47,12 +49,14 @@ from .jobs import Finished, JobTable, PromotionLimits
 from .names import name_tiers
 from .request_scope import RequestScope, WholeRequest
 from .stats import TieringStats, TierStats
+from .writes import StagingRows, TierWrites
 
 __all__ = ["TieringOffloadingManager"]
 
 logger = logging.getLogger("kv_offload.tiering")
 
 _MISS = LookupResult.MISS
+_HIT = LookupResult.HIT
 _PENDING = LookupResult.PENDING
 _LOAD = JobDirection.LOAD
 _STORE = JobDirection.STORE
@@ -117,6 +121,24 @@ class TieringOffloadingManager(OffloadingManager):
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
         ]
+        self._writes = [
+            TierWrites(t.name, t.write_policy, t.admission, getattr(t.admission, "plugin_name", ""))
+            for t in self.tiers
+        ]
+        #: Tiers written when a CPU store completes, and those written on CPU eviction.
+        self._through = [i for i, w in enumerate(self._writes) if not w.write_back]
+        self._back = [i for i, w in enumerate(self._writes) if w.write_back]
+        #: Admissions that watch lookups (``record_lookup``), called on every stack lookup.
+        self._lookup_observers = [w.record_lookup for w in self._writes if w.record_lookup]
+        #: Admission errors of the current call, raised when it ends (tiering/writes.py).
+        self._admission_errors: list[PluginError] = []
+        self._staging: StagingRows | None = None
+        self._staged_now: list[OffloadKey] = []  # victims staged by the current call
+        self._write_back_dropped = 0
+        self._write_back_rescued = 0
+        if self._back:
+            self._staging = _staging_rows(primary, self.kv_buffer, self.tiers, self._back)
+            primary.eviction_sink = self._stage
 
     # -- the request flow -----------------------------------------------------------------
 
@@ -185,9 +207,14 @@ class TieringOffloadingManager(OffloadingManager):
             # Blocks pinned by finished cascades may be in the way: collect those results
             # first, so the CPU tier is asked once (one offer, one allocation counted).
             self._collect()
+        staging = self._staging
+        if staging is not None and staging.free < len(keys):
+            self._wait_for_rows(len(keys))
         output: PrepareStoreOutput | None = self._errors.call(
             primary._held_prepare_store, keys, req_context, protected=protected
         )
+        if self._staged_now or (staging is not None and staging.dropped):
+            self._write_back(req_context)
         if output is not None and self._scope.whole:
             whole = self._scope.whole.get(req_context.req_id)
             if whole is not None:
@@ -195,6 +222,7 @@ class TieringOffloadingManager(OffloadingManager):
                 self._cascade_present([k for k in keys if k not in new], whole)
         if self._errors.pending:
             self._errors.raise_pending(output)
+        self._raise_admission_errors()
         return output
 
     @entry_guarded
@@ -221,12 +249,19 @@ class TieringOffloadingManager(OffloadingManager):
         result = self.primary._held_lookup(key, req_context)
         if not self.tiers:
             return result
+        if self._lookup_observers:
+            for observe in self._lookup_observers:
+                observe(key, req_context)
         jobs = self._jobs
         if result is not _MISS:
             if result is _PENDING and jobs.expired(key):
                 return _MISS  # a promotion past its deadline (tiering/jobs.py)
             jobs.note_found(req_context.req_id, key)
             return result
+        if self._staging is not None and key in self._staging.rows:
+            rescued = self._rescue(key, req_context)
+            if rescued is not None:
+                return rescued
         decision = jobs.ask(indices, key, req_context)
         if isinstance(decision, LookupResult):
             return decision
@@ -241,20 +276,53 @@ class TieringOffloadingManager(OffloadingManager):
         # eviction hook raises after the slot was reserved: queue the promotion, then report.
         # A promotion is not an offer: the reuse filter admitted the block when it was stored.
         jobs = self._jobs
-        out = self._errors.call(
-            self.primary._held_prepare_store,
-            [key],
-            ctx,
-            protected=jobs.protected(ctx.req_id),
-            bypass_reuse_filter=True,
-        )
+        out = self._reserve_slot(key, ctx)
         if out is None or not out.keys_to_store:
             self._errors.raise_pending()  # an admission hook raised: nothing changed
             jobs.refused(index)
             return _MISS
         jobs.reserved(index, key, ctx, int(out.store_spec.block_ids[0]))
         self._errors.raise_pending()
+        self._raise_admission_errors()
         return _PENDING
+
+    def _reserve_slot(self, key: OffloadKey, ctx: ReqContext) -> PrepareStoreOutput | None:
+        """A CPU slot for ``key`` that a tier or a staging row fills (not an offer: the block
+        was admitted when the engine first stored it), writing back what it evicts."""
+        staging = self._staging
+        if staging is not None and staging.free < 1:
+            self._wait_for_rows(1)
+        out: PrepareStoreOutput | None = self._errors.call(
+            self.primary._held_prepare_store,
+            [key],
+            ctx,
+            protected=self._jobs.protected(ctx.req_id),
+            bypass_reuse_filter=True,
+        )
+        if self._staged_now or (staging is not None and staging.dropped):
+            self._write_back(ctx)
+        return out
+
+    def _rescue(self, key: OffloadKey, ctx: ReqContext) -> LookupResult | None:
+        """A CPU miss for a block whose write-back is in flight: copy its staged bytes into a
+        CPU slot and answer ``HIT``; ``None`` when no slot can be freed (the tiers are asked)."""
+        staging = self._staging
+        if staging is None:  # pragma: no cover - the caller checked
+            return None
+        out = self._reserve_slot(key, ctx)
+        if out is None or not out.keys_to_store or key not in staging.rows:
+            if out is not None and out.keys_to_store:
+                self._errors.call(self.primary._held_complete_store, [key], ctx, False)
+            self._errors.raise_pending()
+            self._raise_admission_errors()
+            return None
+        staging.copy_out(key, int(out.store_spec.block_ids[0]))
+        self._errors.call(self.primary._held_complete_store, [key], ctx, True)
+        self._write_back_rescued += 1
+        self._jobs.note_found(ctx.req_id, key)
+        self._errors.raise_pending()
+        self._raise_admission_errors()
+        return _HIT
 
     @entry_guarded
     def on_schedule_end(self) -> None:
@@ -288,9 +356,18 @@ class TieringOffloadingManager(OffloadingManager):
         # The CPU store is done even if one of its hooks raised: cascade it, then report.
         self._errors.call(self.primary._held_complete_store, key_list, req_context, success)
         if success and key_list:
-            for index in range(len(self.tiers)):
-                self._cascade(index, key_list, req_context)
+            if self._staging is not None:
+                self._staging.dirty.update(key_list)  # written back when evicted
+            writes = self._writes
+            for index in self._through:
+                if writes[index].admission is None:
+                    self._cascade(index, key_list, req_context)
+                    continue
+                admitted = writes[index].admit(key_list, req_context, self._admission_errors)
+                if admitted:
+                    self._cascade(index, admitted, req_context)
         self._errors.raise_pending()
+        self._raise_admission_errors()
 
     def _cascade(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> None:
         """One cascade job of ``keys`` to tier ``index``, pinning them, unless its gate drops
@@ -299,6 +376,71 @@ class TieringOffloadingManager(OffloadingManager):
         if self._jobs.admit(index, keys, ctx, primary.hooks):
             slots = primary._pin(keys, ctx, "cascade")
             self._submit(index, _STORE, keys, slots, ctx)
+
+    def _stage(self, keys: list[OffloadKey], slots: Sequence[int]) -> None:
+        """The CPU tier's eviction sink: stage the dirty victims' bytes before their slots
+        are reused; their write-back jobs go out when the CPU call returns."""
+        if self._staging is not None:
+            self._staged_now.extend(self._staging.stage(keys, slots))
+
+    def _write_back(self, ctx: ReqContext) -> None:
+        """Submit the write-back jobs of the victims staged by the current call: one job per
+        write-back tier, of the victims its admission (and its backpressure gate) let through.
+        Rows no tier took are freed at once."""
+        staging = self._staging
+        if staging is None:  # pragma: no cover - only called with staging
+            return
+        keys, self._staged_now = self._staged_now, []
+        if staging.dropped:
+            self._write_back_dropped += staging.dropped
+            staging.dropped = 0
+        if not keys:
+            return
+        hooks = self.primary.hooks
+        staging.hold(keys)  # until every tier's job is out: a job failing at once frees nothing
+        for index in self._back:
+            writes = self._writes[index]
+            admitted = keys
+            if writes.admission is not None:
+                admitted = writes.admit(keys, ctx, self._admission_errors)
+            if admitted and self._jobs.admit(index, admitted, ctx, hooks):
+                rows = staging.hold(admitted)
+                self._submit(index, _STORE, admitted, rows, ctx, staged=True)
+        staging.release(keys)  # rows no job took are free now
+
+    def _wait_for_rows(self, wanted: int) -> None:
+        """Before a CPU call that may evict ``wanted`` dirty blocks: collect finished tier
+        jobs, and while fewer staging rows than that are free and write-back jobs are in
+        flight, wait for them (bounded by ``drain_timeout``: the eviction waits for its
+        write-backs, never forever). Victims that still find no row are not written back."""
+        staging = self._staging
+        if staging is None:  # pragma: no cover - only called with staging
+            return
+        wanted = min(wanted, staging.capacity)
+        self._collect()
+        deadline = time.monotonic() + self.drain_timeout
+        delay = 0.0005
+        while staging.free < wanted and staging.in_flight:
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "write-back: %d staging row(s) still in use after %.1f s (tiers: %s); "
+                    "victims without a row are not written back",
+                    staging.capacity - staging.free,
+                    self.drain_timeout,
+                    ", ".join(self.tiers[i].name for i in self._back),
+                )
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            self._collect()
+
+    def _raise_admission_errors(self) -> None:
+        """Raise the first admission error of this call (its blocks were not admitted; the
+        call's other effects stand), forgetting the rest."""
+        if self._admission_errors:
+            first = self._admission_errors[0]
+            self._admission_errors = []
+            raise first
 
     def _cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
         """Cascade the request's ``keys`` that are readable in the CPU tier to the tiers that
@@ -318,8 +460,10 @@ class TieringOffloadingManager(OffloadingManager):
         keys: list[OffloadKey],
         slots: Sequence[int],
         ctx: ReqContext,
+        *,
+        staged: bool = False,
     ) -> None:
-        failed = self._jobs.submit(index, direction, keys, slots, ctx)
+        failed = self._jobs.submit(index, direction, keys, slots, ctx, staged=staged)
         if failed is not None:  # the tier raised: the job failed at once
             self._land(failed)
 
@@ -346,7 +490,11 @@ class TieringOffloadingManager(OffloadingManager):
             if done.failed:
                 call(primary._held_complete_store, done.failed, ctx, False)
         else:
-            primary._unpin(done.keys, ctx, "cascade")
+            if done.job.staged:
+                if self._staging is not None:
+                    self._staging.release(done.keys)
+            else:
+                primary._unpin(done.keys, ctx, "cascade")
             log = primary.event_log
             if log is not None and done.good:
                 log.record(list(done.good), done.tier.name, False)
@@ -378,6 +526,9 @@ class TieringOffloadingManager(OffloadingManager):
         req_id = req_context.req_id
         self._submit_queued(req_id)  # its queued promotions go out now
         self._jobs.finish_request(req_id)
+        for writes in self._writes:
+            if writes.on_request_finished is not None:
+                writes.on_request_finished(req_context)
         if self._scope.whole:
             self._scope.finish(req_id)
         for tier in self.tiers:
@@ -414,6 +565,11 @@ class TieringOffloadingManager(OffloadingManager):
         self._errors.call(primary._reset_cache)
         self._load_pins.clear()
         self._jobs.reset()
+        if self._staging is not None:
+            self._staging.clear_dirty()
+        for writes in self._writes:
+            writes.reset_counters()
+        self._write_back_dropped = self._write_back_rescued = 0
         for whole in self._scope.whole.values():
             whole.parked.clear()
         self._errors.raise_pending()
@@ -430,7 +586,16 @@ class TieringOffloadingManager(OffloadingManager):
         return self.primary.get_stats()
 
     def tier_stats(self) -> list[TierStats]:
-        return self._jobs.tier_stats()
+        stats = self._jobs.tier_stats()
+        for tier_stats, writes in zip(stats, self._writes):
+            tier_stats.write_policy = writes.policy.value
+            tier_stats.admission = writes.admission_name
+            tier_stats.refused_blocks = writes.refused_blocks
+            tier_stats.admission_errors = writes.admission_errors
+            if writes.write_back:
+                tier_stats.write_back_dropped = self._write_back_dropped
+                tier_stats.write_back_rescued = self._write_back_rescued
+        return stats
 
     @entry_guarded
     def shutdown(self) -> None:
@@ -453,3 +618,21 @@ class TieringOffloadingManager(OffloadingManager):
                 for plugin in self._own_plugins:
                     self.plugin_manager.unregister(plugin)
         self._errors.raise_pending()
+
+
+def _staging_rows(
+    primary: CPUOffloadingManager,
+    buffer: CPUKVBuffer,
+    tiers: Sequence[SecondaryTierManager],
+    back: Sequence[int],
+) -> StagingRows:
+    """The write-back staging rows: the KV buffer's rows past the CPU tier's own."""
+    if buffer.num_blocks <= primary.num_blocks:
+        names = ", ".join(repr(tiers[i].name) for i in back)
+        raise ConfigError(
+            f"tier(s) {names} use write_policy 'write-back', which needs staging rows for "
+            f"evicted blocks in the CPU KV buffer: build the stack with build_manager (it "
+            f"adds write_back_buffer_blocks rows), or create the CPUOffloadingManager with a "
+            f"kv_buffer of num_blocks + N rows"
+        )
+    return StagingRows(buffer.array, primary.num_blocks)

@@ -46,6 +46,17 @@ class TierStats:
     backed_off_lookups: int = 0
     #: "Ask again" (``None``) answers taken as a miss after the promotion timeout.
     ask_again_timeouts: int = 0
+    #: When and which blocks the tier is written (:mod:`kv_offload.tiering.writes`): its
+    #: write policy and admission (``""``: every block), the blocks its admission refused,
+    #: and the admission's broken answers.
+    write_policy: str = "write-through"
+    admission: str = ""
+    refused_blocks: int = 0
+    admission_errors: int = 0
+    #: Write-back only: evicted blocks not written because every staging row was in use,
+    #: and lookups answered from a staging row (the block's write-back was in flight).
+    write_back_dropped: int = 0
+    write_back_rescued: int = 0
 
 
 @dataclass(frozen=True)
