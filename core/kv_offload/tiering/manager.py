@@ -56,6 +56,8 @@ __all__ = ["TieringOffloadingManager"]
 logger = logging.getLogger("kv_offload.tiering")
 
 _MISS = LookupResult.MISS
+#: The context of write-back jobs: a step's evictions of many requests, written as one job.
+_WRITE_BACK_CONTEXT = ReqContext("kv-offload:write-back")
 _HIT = LookupResult.HIT
 _PENDING = LookupResult.PENDING
 _LOAD = JobDirection.LOAD
@@ -134,6 +136,9 @@ class TieringOffloadingManager(OffloadingManager):
         self._admission_errors: list[PluginError] = []
         self._staging: StagingRows | None = None
         self._staged_now: list[OffloadKey] = []  # victims staged by the current call
+        #: Per write-back tier: staged keys it admitted, not yet submitted (one job per tier
+        #: and step: a promotion's eviction alone would make a one-block job).
+        self._to_write_back: dict[int, list[OffloadKey]] = {i: [] for i in self._back}
         self._write_back_dropped = 0
         self._write_back_rescued = 0
         if self._back:
@@ -336,6 +341,7 @@ class TieringOffloadingManager(OffloadingManager):
             except Exception:
                 logger.exception("tier %r raised from on_schedule_end(); ignored", tier.name)
         self._submit_queued()
+        self._submit_write_backs()
         self._collect()
         if self._scope.whole:
             for whole, keys in self._scope.take_parked():
@@ -384,9 +390,9 @@ class TieringOffloadingManager(OffloadingManager):
             self._staged_now.extend(self._staging.stage(keys, slots))
 
     def _write_back(self, ctx: ReqContext) -> None:
-        """Submit the write-back jobs of the victims staged by the current call: one job per
-        write-back tier, of the victims its admission (and its backpressure gate) let through.
-        Rows no tier took are freed at once."""
+        """Ask each write-back tier's admission about the victims staged by the current call
+        (``ctx``: the request whose call evicted them); the admitted ones wait for the step's
+        write-back jobs (:meth:`_submit_write_backs`). Rows no tier took are freed at once."""
         staging = self._staging
         if staging is None:  # pragma: no cover - only called with staging
             return
@@ -396,17 +402,34 @@ class TieringOffloadingManager(OffloadingManager):
             staging.dropped = 0
         if not keys:
             return
-        hooks = self.primary.hooks
-        staging.hold(keys)  # until every tier's job is out: a job failing at once frees nothing
-        for index in self._back:
+        staging.hold(keys)  # until every tier has taken its share
+        for index, waiting in self._to_write_back.items():
             writes = self._writes[index]
             admitted = keys
             if writes.admission is not None:
                 admitted = writes.admit(keys, ctx, self._admission_errors)
-            if admitted and self._jobs.admit(index, admitted, ctx, hooks):
-                rows = staging.hold(admitted)
-                self._submit(index, _STORE, admitted, rows, ctx, staged=True)
-        staging.release(keys)  # rows no job took are free now
+            if admitted:
+                staging.hold(admitted)
+                waiting.extend(admitted)
+        staging.release(keys)  # rows no tier took are free now
+
+    def _submit_write_backs(self) -> None:
+        """One job per write-back tier of the staged blocks it admitted since the last one
+        (its backpressure gate may drop it: those rows are released)."""
+        staging = self._staging
+        if staging is None:
+            return
+        hooks = self.primary.hooks
+        ctx = _WRITE_BACK_CONTEXT
+        for index, waiting in self._to_write_back.items():
+            if not waiting:
+                continue
+            keys = list(waiting)
+            waiting.clear()
+            if self._jobs.admit(index, keys, ctx, hooks):
+                self._submit(index, _STORE, keys, staging.rows_of(keys), ctx, staged=True)
+            else:
+                staging.release(keys)
 
     def _wait_for_rows(self, wanted: int) -> None:
         """Before a CPU call that may evict ``wanted`` dirty blocks: collect finished tier
@@ -417,6 +440,7 @@ class TieringOffloadingManager(OffloadingManager):
         if staging is None:  # pragma: no cover - only called with staging
             return
         wanted = min(wanted, staging.capacity)
+        self._submit_write_backs()
         self._collect()
         deadline = time.monotonic() + self.drain_timeout
         delay = 0.0005
@@ -504,6 +528,7 @@ class TieringOffloadingManager(OffloadingManager):
         """Submit queued promotions and poll until every tier job has reported; raise
         :class:`~kv_offload.errors.ManagerError` after ``timeout`` seconds."""
         self._submit_queued()
+        self._submit_write_backs()
         deadline = time.monotonic() + (self.drain_timeout if timeout is None else timeout)
         delay = 0.0005
         while True:

@@ -190,15 +190,16 @@ class StagingRows:
     def row_of(self, key: OffloadKey) -> int | None:
         return self.rows.get(key)
 
-    def hold(self, keys: Sequence[OffloadKey]) -> list[int]:
-        """One more job reads each key's row; returns the rows, in order."""
+    def hold(self, keys: Sequence[OffloadKey]) -> None:
+        """One more reader (a tier that will write it) for each key's row."""
         readers = self._readers
-        out = []
+        rows = self.rows
         for key in keys:
-            row = self.rows[key]
-            readers[row] += 1
-            out.append(row)
-        return out
+            readers[rows[key]] += 1
+
+    def rows_of(self, keys: Sequence[OffloadKey]) -> list[int]:
+        rows = self.rows
+        return [rows[key] for key in keys]
 
     def release(self, keys: Sequence[OffloadKey]) -> None:
         """One job reading each key's row ended (or a key no job took): free rows no job
