@@ -41,6 +41,19 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
             f"{report['late_promotions']} landed after the replay stopped waiting)"
         )
     print(f"cascaded blocks  {report['cascaded_blocks']}")
+    for tier, row in report.get("writes", {}).items():
+        per_hit = row["writes_per_hit"]
+        refused = f", {row['refused_blocks']} refused" if row["admission"] else ""
+        dropped = (
+            f", {row['write_back_dropped']} not written (no staging row)"
+            if row["write_back_dropped"]
+            else ""
+        )
+        print(
+            f"  to {tier:<12} {row['write_policy']}, admission {row['admission'] or 'all'}: "
+            f"{row['blocks_written']} blocks{refused}{dropped}, "
+            + (f"{per_hit:.2f} writes per hit" if per_hit is not None else "no hits")
+        )
     moved = report["bytes_moved"]
     print(f"bytes moved      {moved['to_tiers']:,} to tiers, {moved['from_tiers']:,} from tiers")
     if report["verified_blocks"]:

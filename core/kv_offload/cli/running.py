@@ -115,6 +115,21 @@ def _report(stack: StackConfig, manager: OffloadingManager, result: ReplayResult
         "late_promotions": landed - result.promoted_hit_blocks,
         "failed_promotions": sum(t.failed_promotions for t in tiers),
         "cascaded_blocks": sum(t.cascaded_blocks for t in tiers),
+        "writes": {
+            t.name: {
+                "write_policy": t.write_policy,
+                "admission": t.admission or None,
+                "blocks_written": t.cascaded_blocks,
+                "bytes_written": t.bytes_written,
+                "refused_blocks": t.refused_blocks,
+                "write_back_dropped": t.write_back_dropped,
+                # Blocks written per block this tier served as a hit (lower: fewer wasted).
+                "writes_per_hit": t.cascaded_blocks / per_tier[t.name]
+                if per_tier[t.name]
+                else None,
+            }
+            for t in tiers
+        },
         "rejected_stores": result.rejected_stores,
         "bytes_moved": {
             "to_tiers": sum(t.bytes_written for t in tiers),
