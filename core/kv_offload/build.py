@@ -19,8 +19,8 @@ from .tiering import (
     SecondaryTierManager,
     TieringOffloadingManager,
 )
-from .tiering.jobs import PromotionLimits
 from .tiering.names import tier_names
+from .tiering.promotions import PromotionLimits
 
 __all__ = ["build_manager"]
 

@@ -22,7 +22,7 @@ from kv_offload import (
 )
 from kv_offload.tiering.backpressure import DropAll
 from kv_offload.tiering.cascade_gate import CascadeGate
-from kv_offload.tiering.promotion_limits import PromotionLimits
+from kv_offload.tiering.promotions import PromotionLimits
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING

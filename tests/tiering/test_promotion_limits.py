@@ -1,5 +1,5 @@
 """Every PENDING answer becomes HIT or MISS within the promotion timeout, whatever a tier does
-(kv_offload.tiering.promotion_limits): loads that always fail, jobs that never report, tiers
+(kv_offload.tiering.promotions): loads that always fail, jobs that never report, tiers
 that keep saying "ask again", lookups and results that break the contract, and jobs that
 fail only some of their keys. Real tiers: the shipped ``faulty`` wrapper around the example
 tier (bytes moved at the last moment), and tier classes of the test's own for the contract
@@ -25,7 +25,7 @@ from kv_offload import (
     ReqContext,
     TieringOffloadingManager,
 )
-from kv_offload.tiering.promotion_limits import PromotionLimits
+from kv_offload.tiering.promotions import PromotionLimits
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING

@@ -465,7 +465,7 @@ def test_reset_cache_clears_backpressure() -> None:
 
 def test_no_backpressure_by_default() -> None:
     m, _ = stack(None)
-    assert m._jobs.gates == [None]
+    assert [tier.cascade_gate for tier in m.tiers] == [None]
 
 
 # -- config ------------------------------------------------------------------------------

@@ -246,7 +246,7 @@ def test_filter_by_name_skips_the_other_tier() -> None:
     counted = CountingLookups(t1)
     assert m.lookup(k(1), ctx) is PENDING
     assert counted.calls == 0
-    assert [index for index, _ in m._jobs.queued] == [1]  # promoted from t2, not t1
+    assert m.queued_promotions() == {"t2": 1}  # promoted from t2, not t1
 
 
 def test_remote_locality_from_config_and_filter() -> None:
@@ -402,8 +402,8 @@ def test_lookup_answers_follow_vllm(
              enumerate(answers)]  # fmt: skip
     m = TieringOffloadingManager(primary, tiers)
     assert m.lookup(k(0), CTX) is expected
-    queued = {index for index, _ in m._jobs.queued}
-    assert queued == (set() if promoted_from is None else {promoted_from})
+    queued = m.queued_promotions()
+    assert queued == ({} if promoted_from is None else {f"a{promoted_from}": 1})
     m.on_schedule_end()
     if promoted_from is not None:
         assert m.lookup(k(0), CTX) is HIT  # vLLM HIT once the promotion landed

@@ -10,9 +10,10 @@
   :mod:`kv_offload.tiering.writes`; this module acts on its decisions.
 
 This module is the only code that calls the CPU tier. The job table
-(:mod:`kv_offload.tiering.jobs`: jobs, the promotion state machine, per-tier counters and
-fault reports) and the request scope decide what to pin, reserve, complete or ask; the
-manager acts on their decisions and tells them the outcome. The manager takes the CPU tier's
+(:mod:`kv_offload.tiering.jobs`: jobs, per-tier counters and fault reports), the promotions
+(:mod:`kv_offload.tiering.promotions`: the promotion state machine) and the request scope
+decide what to pin, reserve, complete or ask; the manager acts on their decisions and tells
+them the outcome. The manager takes the CPU tier's
 entry token as its own, so each call of the stack takes one entry guard and the CPU tier's
 bodies run without a second one; the CPU tier validates the input once. The tiers' events are
 recorded in the CPU manager's event log, so one log holds the whole stack's events in order.
@@ -31,7 +32,7 @@ from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import as_list, check_context, closed_error, not_bytes, short
-from ..errors import ConfigError, KeyStateError, PluginError
+from ..errors import ConfigError, KeyStateError
 from ..keys import OffloadKey
 from ..plugins import HookErrorLog, register_if_hookimpl
 from ..tier_types import Locality, RequestOffloadingContext
@@ -45,11 +46,12 @@ from ..types import (
 )
 from .base import JobDirection, SecondaryTierManager
 from .cascade_gate import build_gate
-from .jobs import Finished, JobTable, PromotionLimits
+from .jobs import Finished, JobTable
 from .names import name_tiers
+from .promotions import PromotionLimits
 from .request_scope import RequestScope, WholeRequest
 from .stats import TieringStats, TierStats
-from .writes import StagingRows, TierWrites
+from .writes import StackWrites
 
 __all__ = ["TieringOffloadingManager"]
 
@@ -73,7 +75,7 @@ class TieringOffloadingManager(OffloadingManager):
     ``backpressure`` is the default ``backpressure`` table of tiers that have no cascade gate
     of their own (a config's global ``[backpressure]``); ``None`` leaves them ungated.
     ``promotion_limits`` bounds every ``PENDING`` answer (promotion deadline, failure backoff:
-    :mod:`kv_offload.tiering.jobs`); ``None`` takes the defaults.
+    :mod:`kv_offload.tiering.promotions`); ``None`` takes the defaults.
 
     Single-threaded like its CPU tier, whose entry token it shares: every request-flow method,
     ``drain``, ``take_events``, ``reset_cache`` and ``shutdown`` take the entry guard of
@@ -114,6 +116,7 @@ class TieringOffloadingManager(OffloadingManager):
         self._errors = HookErrorLog()
         block_size = primary.kv_buffer.block_size_bytes
         self._jobs = JobTable(self, self.tiers, self._errors, block_size, promotion_limits)
+        self._promotions = self._jobs.promotions
         self._scope = RequestScope(self.tiers)
         self._closed = False
         #: Engine pins (prepare_load minus complete_load) per key; cascade pins are not here.
@@ -123,27 +126,12 @@ class TieringOffloadingManager(OffloadingManager):
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
         ]
-        self._writes = [
-            TierWrites(t.name, t.write_policy, t.admission, getattr(t.admission, "plugin_name", ""))
-            for t in self.tiers
-        ]
-        #: Tiers written when a CPU store completes, and those written on CPU eviction.
-        self._through = [i for i, w in enumerate(self._writes) if not w.write_back]
-        self._back = [i for i, w in enumerate(self._writes) if w.write_back]
-        #: Admissions that watch lookups (``record_lookup``), called on every stack lookup.
-        self._lookup_observers = [w.record_lookup for w in self._writes if w.record_lookup]
-        #: Admission errors of the current call, raised when it ends (tiering/writes.py).
-        self._admission_errors: list[PluginError] = []
-        self._staging: StagingRows | None = None
-        self._staged_now: list[OffloadKey] = []  # victims staged by the current call
-        #: Per write-back tier: staged keys it admitted, not yet submitted (one job per tier
-        #: and step: a promotion's eviction alone would make a one-block job).
-        self._to_write_back: dict[int, list[OffloadKey]] = {i: [] for i in self._back}
-        self._write_back_dropped = 0
-        self._write_back_rescued = 0
-        if self._back:
-            self._staging = _staging_rows(primary, self.kv_buffer, self.tiers, self._back)
-            primary.eviction_sink = self._stage
+        #: What each tier writes and when (tiering/writes.py); ``_back`` its write-back part.
+        self._writes = StackWrites(self.tiers, self.kv_buffer.array, primary.num_blocks)
+        self._back = self._writes.back
+        self._lookup_observers = self._writes.lookup_observers
+        if self._back is not None:
+            primary.eviction_sink = self._back.evicted
 
     # -- the request flow -----------------------------------------------------------------
 
@@ -212,14 +200,14 @@ class TieringOffloadingManager(OffloadingManager):
             # Blocks pinned by finished cascades may be in the way: collect those results
             # first, so the CPU tier is asked once (one offer, one allocation counted).
             self._collect()
-        staging = self._staging
-        if staging is not None and staging.free < len(keys):
+        back = self._back
+        if back is not None:
             self._wait_for_rows(len(keys))
         output: PrepareStoreOutput | None = self._errors.call(
             primary._held_prepare_store, keys, req_context, protected=protected
         )
-        if self._staged_now or (staging is not None and staging.dropped):
-            self._write_back(req_context)
+        if back is not None and back.pending:
+            back.admit_evicted(req_context, self._writes.errors)
         if output is not None and self._scope.whole:
             whole = self._scope.whole.get(req_context.req_id)
             if whole is not None:
@@ -227,7 +215,8 @@ class TieringOffloadingManager(OffloadingManager):
                 self._cascade_present([k for k in keys if k not in new], whole)
         if self._errors.pending:
             self._errors.raise_pending(output)
-        self._raise_admission_errors()
+        if self._writes.errors:  # an admission broke its contract in this call
+            self._writes.raise_errors()
         return output
 
     @entry_guarded
@@ -257,17 +246,17 @@ class TieringOffloadingManager(OffloadingManager):
         if self._lookup_observers:
             for observe in self._lookup_observers:
                 observe(key, req_context)
-        jobs = self._jobs
+        promotions = self._promotions
         if result is not _MISS:
-            if result is _PENDING and jobs.expired(key):
-                return _MISS  # a promotion past its deadline (tiering/jobs.py)
-            jobs.note_found(req_context.req_id, key)
+            if result is _PENDING and promotions.expired(key):
+                return _MISS  # a promotion past its deadline (tiering/promotions.py)
+            promotions.note_found(req_context.req_id, key)
             return result
-        if self._staging is not None and key in self._staging.rows:
+        if self._back is not None and self._back.holds(key):
             rescued = self._rescue(key, req_context)
             if rescued is not None:
                 return rescued
-        decision = jobs.ask(indices, key, req_context)
+        decision = promotions.ask(indices, key, req_context)
         if isinstance(decision, LookupResult):
             return decision
         return self._reserve(decision, key, req_context)
@@ -280,54 +269,54 @@ class TieringOffloadingManager(OffloadingManager):
         # A store-admission hook raises before anything changed (and so does this call); an
         # eviction hook raises after the slot was reserved: queue the promotion, then report.
         # A promotion is not an offer: the reuse filter admitted the block when it was stored.
-        jobs = self._jobs
         out = self._reserve_slot(key, ctx)
         if out is None or not out.keys_to_store:
             self._errors.raise_pending()  # an admission hook raised: nothing changed
-            jobs.refused(index)
+            self._promotions.refused(index)
             return _MISS
-        jobs.reserved(index, key, ctx, int(out.store_spec.block_ids[0]))
+        self._promotions.reserved(index, key, ctx, int(out.store_spec.block_ids[0]))
         self._errors.raise_pending()
-        self._raise_admission_errors()
+        if self._writes.errors:  # an admission broke its contract in this call
+            self._writes.raise_errors()
         return _PENDING
 
     def _reserve_slot(self, key: OffloadKey, ctx: ReqContext) -> PrepareStoreOutput | None:
         """A CPU slot for ``key`` that a tier or a staging row fills (not an offer: the block
         was admitted when the engine first stored it), writing back what it evicts."""
-        staging = self._staging
-        if staging is not None and staging.free < 1:
+        back = self._back
+        if back is not None:
             self._wait_for_rows(1)
         out: PrepareStoreOutput | None = self._errors.call(
             self.primary._held_prepare_store,
             [key],
             ctx,
-            protected=self._jobs.protected(ctx.req_id),
+            protected=self._promotions.protected(ctx.req_id),
             bypass_reuse_filter=True,
         )
-        if self._staged_now or (staging is not None and staging.dropped):
-            self._write_back(ctx)
+        if back is not None and back.pending:
+            back.admit_evicted(ctx, self._writes.errors)
         return out
 
     def _rescue(self, key: OffloadKey, ctx: ReqContext) -> LookupResult | None:
         """A CPU miss for a block whose write-back is in flight: copy its staged bytes into a
         CPU slot and answer ``HIT``; ``None`` when no slot can be freed (the tiers are asked)."""
-        staging = self._staging
-        if staging is None:  # pragma: no cover - the caller checked
+        back = self._back
+        if back is None:  # pragma: no cover - the caller checked
             return None
         out = self._reserve_slot(key, ctx)
-        if out is None or not out.keys_to_store or key not in staging.rows:
-            if out is not None and out.keys_to_store:
-                self._errors.call(self.primary._held_complete_store, [key], ctx, False)
-            self._errors.raise_pending()
-            self._raise_admission_errors()
-            return None
-        staging.copy_out(key, int(out.store_spec.block_ids[0]))
-        self._errors.call(self.primary._held_complete_store, [key], ctx, True)
-        self._write_back_rescued += 1
-        self._jobs.note_found(ctx.req_id, key)
+        reserved = out is not None and bool(out.keys_to_store)
+        # Waiting for a staging row may have ended the key's write-back: then ask the tiers.
+        landed = reserved and back.holds(key)
+        if landed and out is not None:
+            back.staging.copy_out(key, int(out.store_spec.block_ids[0]))
+            back.rescued += 1
+            self._promotions.note_found(ctx.req_id, key)
+        if reserved:
+            self._errors.call(self.primary._held_complete_store, [key], ctx, landed)
         self._errors.raise_pending()
-        self._raise_admission_errors()
-        return _HIT
+        if self._writes.errors:  # an admission broke its contract in this call
+            self._writes.raise_errors()
+        return _HIT if landed else None
 
     @entry_guarded
     def on_schedule_end(self) -> None:
@@ -358,22 +347,22 @@ class TieringOffloadingManager(OffloadingManager):
         if self._closed:
             raise closed_error("complete_store")
         key_list = keys if type(keys) is list else as_list(keys, "complete_store")
-        self._jobs.check_not_promoting(key_list, "complete_store")
+        self._promotions.check_not_promoting(key_list, "complete_store")
         # The CPU store is done even if one of its hooks raised: cascade it, then report.
         self._errors.call(self.primary._held_complete_store, key_list, req_context, success)
         if success and key_list:
-            if self._staging is not None:
-                self._staging.dirty.update(key_list)  # written back when evicted
+            if self._back is not None:
+                self._back.stored(key_list)  # written back when evicted
             writes = self._writes
-            for index in self._through:
-                if writes[index].admission is None:
-                    self._cascade(index, key_list, req_context)
-                    continue
-                admitted = writes[index].admit(key_list, req_context, self._admission_errors)
+            for index in writes.through_all:
+                self._cascade(index, key_list, req_context)
+            for index in writes.through_admitted:
+                admitted = writes.through_keys(index, key_list, req_context)
                 if admitted:
                     self._cascade(index, admitted, req_context)
         self._errors.raise_pending()
-        self._raise_admission_errors()
+        if self._writes.errors:  # an admission broke its contract in this call
+            self._writes.raise_errors()
 
     def _cascade(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> None:
         """One cascade job of ``keys`` to tier ``index``, pinning them, unless its gate drops
@@ -383,94 +372,53 @@ class TieringOffloadingManager(OffloadingManager):
             slots = primary._pin(keys, ctx, "cascade")
             self._submit(index, _STORE, keys, slots, ctx)
 
-    def _stage(self, keys: list[OffloadKey], slots: Sequence[int]) -> None:
-        """The CPU tier's eviction sink: stage the dirty victims' bytes before their slots
-        are reused; their write-back jobs go out when the CPU call returns."""
-        if self._staging is not None:
-            self._staged_now.extend(self._staging.stage(keys, slots))
-
-    def _write_back(self, ctx: ReqContext) -> None:
-        """Ask each write-back tier's admission about the victims staged by the current call
-        (``ctx``: the request whose call evicted them); the admitted ones wait for the step's
-        write-back jobs (:meth:`_submit_write_backs`). Rows no tier took are freed at once."""
-        staging = self._staging
-        if staging is None:  # pragma: no cover - only called with staging
-            return
-        keys, self._staged_now = self._staged_now, []
-        if staging.dropped:
-            self._write_back_dropped += staging.dropped
-            staging.dropped = 0
-        if not keys:
-            return
-        staging.hold(keys)  # until every tier has taken its share
-        for index, waiting in self._to_write_back.items():
-            writes = self._writes[index]
-            admitted = keys
-            if writes.admission is not None:
-                admitted = writes.admit(keys, ctx, self._admission_errors)
-            if admitted:
-                staging.hold(admitted)
-                waiting.extend(admitted)
-        staging.release(keys)  # rows no tier took are free now
-
     def _submit_write_backs(self) -> None:
-        """One job per write-back tier of the staged blocks it admitted since the last one
-        (its backpressure gate may drop it: those rows are released)."""
-        staging = self._staging
-        if staging is None:
+        """Submit each write-back tier's job of the blocks it admitted since the last one
+        (its backpressure gate may drop it: the rows are released)."""
+        back = self._back
+        if back is None:
             return
         hooks = self.primary.hooks
-        ctx = _WRITE_BACK_CONTEXT
-        for index, waiting in self._to_write_back.items():
-            if not waiting:
-                continue
-            keys = list(waiting)
-            waiting.clear()
-            if self._jobs.admit(index, keys, ctx, hooks):
-                self._submit(index, _STORE, keys, staging.rows_of(keys), ctx, staged=True)
+        for index, keys, rows in back.batches():
+            if self._jobs.admit(index, keys, _WRITE_BACK_CONTEXT, hooks):
+                self._submit(index, _STORE, keys, rows, _WRITE_BACK_CONTEXT, staged=True)
             else:
-                staging.release(keys)
+                back.release(keys)
 
     def _wait_for_rows(self, wanted: int) -> None:
         """Before a CPU call that may evict ``wanted`` dirty blocks: collect finished tier
         jobs, and while fewer staging rows than that are free and write-back jobs are in
         flight, wait for them (bounded by ``drain_timeout``: the eviction waits for its
         write-backs, never forever). Victims that still find no row are not written back."""
-        staging = self._staging
-        if staging is None:  # pragma: no cover - only called with staging
+        staging = self._back.staging if self._back is not None else None
+        if staging is None or staging.free >= wanted:
             return
         wanted = min(wanted, staging.capacity)
         self._submit_write_backs()
         self._collect()
         deadline = time.monotonic() + self.drain_timeout
         delay = 0.0005
-        while staging.free < wanted and staging.in_flight:
+        while staging.free < wanted and staging.in_use:
             if time.monotonic() >= deadline:
                 logger.warning(
                     "write-back: %d staging row(s) still in use after %.1f s (tiers: %s); "
                     "victims without a row are not written back",
                     staging.capacity - staging.free,
                     self.drain_timeout,
-                    ", ".join(self.tiers[i].name for i in self._back),
+                    ", ".join(t.name for t in self.tiers if t.write_policy.value == "write-back"),
                 )
                 return
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
             self._collect()
 
-    def _raise_admission_errors(self) -> None:
-        """Raise the first admission error of this call (its blocks were not admitted; the
-        call's other effects stand), forgetting the rest."""
-        if self._admission_errors:
-            first = self._admission_errors[0]
-            self._admission_errors = []
-            raise first
-
     def _cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
         """Cascade the request's ``keys`` that are readable in the CPU tier to the tiers that
         want it whole (the request scope decides, parking keys still being promoted)."""
         ref_count = self.primary.ref_count
-        ready = self._scope.ready(whole, keys, [ref_count(k) for k in keys], self._jobs.promoting)
+        ready = self._scope.ready(
+            whole, keys, [ref_count(k) for k in keys], self._promotions.promoting
+        )
         if ready:
             for index in whole.tiers:
                 self._cascade(index, ready, whole.context)
@@ -493,7 +441,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     def _submit_queued(self, req_id: str | None = None) -> None:
         """Submit the queued promotions (of one request, or all) as tier jobs."""
-        for index, ctx, keys, slots in self._jobs.take_queued(req_id):
+        for index, ctx, keys, slots in self._promotions.take_queued(req_id):
             self._submit(index, _LOAD, keys, slots, ctx)
 
     def _collect(self) -> None:
@@ -515,8 +463,8 @@ class TieringOffloadingManager(OffloadingManager):
                 call(primary._held_complete_store, done.failed, ctx, False)
         else:
             if done.job.staged:
-                if self._staging is not None:
-                    self._staging.release(done.keys)
+                if self._back is not None:
+                    self._back.release(done.keys)
             else:
                 primary._unpin(done.keys, ctx, "cascade")
             log = primary.event_log
@@ -550,10 +498,9 @@ class TieringOffloadingManager(OffloadingManager):
             check_context(req_context, "on_request_finished")
         req_id = req_context.req_id
         self._submit_queued(req_id)  # its queued promotions go out now
-        self._jobs.finish_request(req_id)
-        for writes in self._writes:
-            if writes.on_request_finished is not None:
-                writes.on_request_finished(req_context)
+        self._promotions.finish_request(req_id)
+        for finished in self._writes.finish_observers:
+            finished(req_context)
         if self._scope.whole:
             self._scope.finish(req_id)
         for tier in self.tiers:
@@ -561,9 +508,18 @@ class TieringOffloadingManager(OffloadingManager):
         self._errors.call(self.primary._held_on_request_finished, req_context)
         self._errors.raise_pending()
 
+    def queued_promotions(self) -> dict[str, int]:
+        """Blocks whose promotion is queued for the step end (not yet submitted), per tier
+        name: what ``on_schedule_end()`` will hand out."""
+        out: dict[str, int] = {}
+        for (index, _), (_, keys, _) in self._promotions.queued.items():
+            name = self.tiers[index].name
+            out[name] = out.get(name, 0) + len(keys)
+        return out
+
     def has_pending_work(self) -> bool:
         """Whether tier jobs or queued promotions are outstanding."""
-        return bool(len(self._jobs) or self._jobs.queued)
+        return bool(len(self._jobs) or self._promotions.queued)
 
     @entry_guarded
     def drain(self, timeout: float | None = None) -> None:
@@ -584,17 +540,13 @@ class TieringOffloadingManager(OffloadingManager):
         shared with other engines). If a tier does not report in time the drain raises
         :class:`~kv_offload.errors.ManagerError` and nothing is reset."""
         primary = self.primary
-        for ctx, keys in self._jobs.cancel_queued():
+        for ctx, keys in self._promotions.cancel_queued():
             self._errors.call(primary._held_complete_store, keys, ctx, False)
         self._drain(self.drain_timeout)
         self._errors.call(primary._reset_cache)
         self._load_pins.clear()
         self._jobs.reset()
-        if self._staging is not None:
-            self._staging.clear_dirty()
-        for writes in self._writes:
-            writes.reset_counters()
-        self._write_back_dropped = self._write_back_rescued = 0
+        self._writes.reset()
         for whole in self._scope.whole.values():
             whole.parked.clear()
         self._errors.raise_pending()
@@ -604,7 +556,7 @@ class TieringOffloadingManager(OffloadingManager):
             cpu=self.primary.get_stats(),
             tiers=self.tier_stats(),
             jobs_in_flight=len(self._jobs),
-            promotions_queued=self._jobs.blocks_queued(),
+            promotions_queued=self._promotions.blocks_queued(),
         )
 
     def cpu_stats(self) -> OffloadingStats:
@@ -612,14 +564,7 @@ class TieringOffloadingManager(OffloadingManager):
 
     def tier_stats(self) -> list[TierStats]:
         stats = self._jobs.tier_stats()
-        for tier_stats, writes in zip(stats, self._writes):
-            tier_stats.write_policy = writes.policy.value
-            tier_stats.admission = writes.admission_name
-            tier_stats.refused_blocks = writes.refused_blocks
-            tier_stats.admission_errors = writes.admission_errors
-            if writes.write_back:
-                tier_stats.write_back_dropped = self._write_back_dropped
-                tier_stats.write_back_rescued = self._write_back_rescued
+        self._writes.fill(stats)
         return stats
 
     @entry_guarded
@@ -643,21 +588,3 @@ class TieringOffloadingManager(OffloadingManager):
                 for plugin in self._own_plugins:
                     self.plugin_manager.unregister(plugin)
         self._errors.raise_pending()
-
-
-def _staging_rows(
-    primary: CPUOffloadingManager,
-    buffer: CPUKVBuffer,
-    tiers: Sequence[SecondaryTierManager],
-    back: Sequence[int],
-) -> StagingRows:
-    """The write-back staging rows: the KV buffer's rows past the CPU tier's own."""
-    if buffer.num_blocks <= primary.num_blocks:
-        names = ", ".join(repr(tiers[i].name) for i in back)
-        raise ConfigError(
-            f"tier(s) {names} use write_policy 'write-back', which needs staging rows for "
-            f"evicted blocks in the CPU KV buffer: build the stack with build_manager (it "
-            f"adds write_back_buffer_blocks rows), or create the CPUOffloadingManager with a "
-            f"kv_buffer of num_blocks + N rows"
-        )
-    return StagingRows(buffer.array, primary.num_blocks)

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,11 +39,17 @@ from ..admission import AdmissionPolicy, checked_admit, overrides
 from ..errors import ConfigError, PluginError
 from ..keys import OffloadKey
 from ..types import ReqContext
+from .stats import TierStats
+
+if TYPE_CHECKING:
+    from .base import SecondaryTierManager
 
 __all__ = [
     "WRITE_POLICIES",
+    "StackWrites",
     "StagingRows",
     "TierWrites",
+    "WriteBack",
     "WritePolicy",
     "check_admission_args",
     "parse_write_policy",
@@ -82,24 +87,24 @@ def parse_write_policy(value: Any, tier: str) -> WritePolicy:
     )
 
 
-@dataclass
 class TierWrites:
-    """One tier's write policy and admission, and the counters of what they decided."""
+    """One tier's write policy and admission, and the counters of what the admission did."""
 
-    name: str
-    policy: WritePolicy = WritePolicy.WRITE_THROUGH
-    admission: AdmissionPolicy | None = None
-    admission_name: str = ""
-    #: The admission's ``record_lookup`` if it overrides it (else never called).
-    record_lookup: Callable[[OffloadKey, ReqContext], None] | None = field(default=None, repr=False)
-    on_request_finished: Callable[[ReqContext], None] | None = field(default=None, repr=False)
-    refused_blocks: int = 0
-    admission_errors: int = 0
-
-    def __post_init__(self) -> None:
-        if self.admission is not None:
-            self.record_lookup = overrides(self.admission, "record_lookup")
-            self.on_request_finished = overrides(self.admission, "on_request_finished")
+    def __init__(self, name: str, policy: WritePolicy, admission: AdmissionPolicy | None):
+        self.name = name
+        self.policy = policy
+        self.admission = admission
+        self.admission_name = getattr(admission, "plugin_name", "") or (
+            type(admission).__name__ if admission is not None else ""
+        )
+        #: The admission's ``record_lookup`` / ``on_request_finished`` if it overrides them
+        #: (else never called).
+        self.record_lookup = overrides(admission, "record_lookup") if admission else None
+        self.on_request_finished = (
+            overrides(admission, "on_request_finished") if admission else None
+        )
+        self.refused_blocks = 0
+        self.admission_errors = 0
 
     @property
     def write_back(self) -> bool:
@@ -108,10 +113,9 @@ class TierWrites:
     def admit(
         self, keys: list[OffloadKey], ctx: ReqContext, errors: list[PluginError]
     ) -> list[OffloadKey]:
-        """The keys to write to the tier (call only with an admission); a broken admission
-        admits none of them and its error is appended to ``errors`` (raised when the
-        manager's call ends)."""
-        if self.admission is None:  # pragma: no cover - the manager checks first
+        """The keys of ``keys`` to write to the tier; a broken admission admits none of them
+        and its error is appended to ``errors`` (raised when the manager's call ends)."""
+        if self.admission is None:
             return keys
         try:
             admitted = checked_admit(self.admission, self.admission_name, keys, ctx)
@@ -123,75 +127,68 @@ class TierWrites:
         self.refused_blocks += len(keys) - len(admitted)
         return admitted
 
+    def fill(self, stats: TierStats) -> None:
+        stats.write_policy = self.policy.value
+        stats.admission = self.admission_name
+        stats.refused_blocks = self.refused_blocks
+        stats.admission_errors = self.admission_errors
+
     def reset_counters(self) -> None:
         self.refused_blocks = self.admission_errors = 0
 
 
 class StagingRows:
     """Rows of the KV buffer past the CPU tier's own, holding evicted blocks' bytes until
-    their write-back jobs end; and which CPU blocks are *dirty* (stored by the engine and not
-    yet written back).
+    their write-back jobs end.
 
-    A staged key has one row whatever the number of write-back tiers; the row counts the jobs
-    reading it and is freed when the last one ends (or at once when no tier admitted it).
+    A staged key has one row whatever the number of write-back tiers; the row counts its
+    readers (each tier that will write it) and is freed when the last one is done.
     """
 
     def __init__(self, array: npt.NDArray[np.uint8], first_row: int) -> None:
         self._array = array
-        self.first_row = first_row
         self.capacity = array.shape[0] - first_row
         self._free = list(range(array.shape[0] - 1, first_row - 1, -1))
         #: key -> its staging row, for staged keys.
         self.rows: dict[OffloadKey, int] = {}
-        #: row -> jobs still reading it.
+        #: row -> readers still to write it.
         self._readers: dict[int, int] = {}
-        #: CPU blocks stored by the engine and not written back yet.
-        self.dirty: set[OffloadKey] = set()
-        #: Victims that found no free row, per eviction (the manager counts them per tier).
-        self.dropped = 0
 
     @property
     def free(self) -> int:
         return len(self._free)
 
     @property
-    def in_flight(self) -> bool:
-        """Whether a write-back job is reading a staging row (a row may free up)."""
+    def in_use(self) -> bool:
+        """Whether any row is held (a write-back may free one)."""
         return bool(self._readers)
 
-    def stage(self, keys: Sequence[OffloadKey], slots: Sequence[int]) -> list[OffloadKey]:
-        """Copy the dirty victims among ``keys`` (their CPU ``slots`` are about to be reused)
-        into free rows; returns the keys staged now, in order. Victims that find no row are
-        dropped (counted in :attr:`dropped`)."""
-        dirty = self.dirty
+    def take(self, victims: list[tuple[OffloadKey, int]]) -> tuple[list[OffloadKey], int]:
+        """Copy each victim's bytes from its CPU slot into a free row: the keys staged now, in
+        order, and how many found no free row (not staged)."""
         rows = self.rows
-        taken: list[OffloadKey] = []
+        staged: list[OffloadKey] = []
         sources: list[int] = []
         targets: list[int] = []
-        for key, slot in zip(keys, slots):
-            if key not in dirty:
-                continue
-            dirty.discard(key)
+        dropped = 0
+        for key, slot in victims:
             if key in rows:
                 continue  # the same key (the same bytes) is staged already
             if not self._free:
-                self.dropped += 1
+                dropped += 1
                 continue
             row = self._free.pop()
             rows[key] = row
             self._readers[row] = 0
-            taken.append(key)
-            sources.append(int(slot))
+            staged.append(key)
+            sources.append(slot)
             targets.append(row)
         if targets:
             self._array[targets] = self._array[sources]
-        return taken
-
-    def row_of(self, key: OffloadKey) -> int | None:
-        return self.rows.get(key)
+        return staged, dropped
 
     def hold(self, keys: Sequence[OffloadKey]) -> None:
-        """One more reader (a tier that will write it) for each key's row."""
+        """One more reader for each key's row."""
         readers = self._readers
         rows = self.rows
         for key in keys:
@@ -202,8 +199,7 @@ class StagingRows:
         return [rows[key] for key in keys]
 
     def release(self, keys: Sequence[OffloadKey]) -> None:
-        """One job reading each key's row ended (or a key no job took): free rows no job
-        reads any more."""
+        """One reader of each key's row is done: free rows no one reads any more."""
         for key in keys:
             row = self.rows.get(key)
             if row is None:
@@ -216,11 +212,156 @@ class StagingRows:
                 self._free.append(row)
 
     def copy_out(self, key: OffloadKey, slot: int) -> None:
-        """Copy a staged key's bytes into CPU ``slot`` (a lookup found it staged)."""
+        """Copy a staged key's bytes into CPU ``slot``."""
         self._array[slot] = self._array[self.rows[key]]
 
-    def clear_dirty(self) -> None:
-        self.dirty.clear()
+
+class WriteBack:
+    """The write-back tiers of a stack: which CPU blocks are dirty, the staging rows of
+    evicted ones, and the blocks each write-back tier admitted and has not been sent yet.
+
+    The manager calls :meth:`evicted` as the CPU tier's eviction sink (inside the CPU call:
+    only bytes are copied), :meth:`admit_evicted` when the CPU call returned, and submits
+    :meth:`batches` at the step end (one job per tier: a promotion's eviction alone would make
+    a one-block job), releasing each job's rows with :meth:`release` when it ends.
+    """
+
+    def __init__(self, staging: StagingRows, tiers: dict[int, TierWrites]) -> None:
+        self.staging = staging
+        self._tiers = tiers
+        #: CPU blocks stored by the engine and not written back yet.
+        self._dirty: set[OffloadKey] = set()
+        self._evicted: list[OffloadKey] = []  # staged by the current CPU call
+        self._waiting: dict[int, list[OffloadKey]] = {index: [] for index in tiers}
+        self.dropped = 0
+        self.rescued = 0
+
+    def stored(self, keys: list[OffloadKey]) -> None:
+        """The engine stored ``keys`` in the CPU tier: written back when evicted."""
+        self._dirty.update(keys)
+
+    def evicted(self, keys: list[OffloadKey], slots: Sequence[int]) -> None:
+        """The CPU tier's eviction sink: stage the dirty victims before their slots are
+        reused (a clean one, promoted from a tier, is in that tier already)."""
+        dirty = self._dirty
+        victims = []
+        for key, slot in zip(keys, slots):
+            if key in dirty:
+                dirty.discard(key)
+                victims.append((key, int(slot)))
+        if victims:
+            staged, dropped = self.staging.take(victims)
+            self._evicted.extend(staged)
+            self.dropped += dropped
+
+    @property
+    def pending(self) -> bool:
+        """Whether the current CPU call staged victims (call :meth:`admit_evicted`)."""
+        return bool(self._evicted)
+
+    def admit_evicted(self, ctx: ReqContext, errors: list[PluginError]) -> None:
+        """Ask each write-back tier's admission about the victims the CPU call staged
+        (``ctx``: the request whose call evicted them); rows no tier took are freed."""
+        keys, self._evicted = self._evicted, []
+        if not keys:
+            return
+        staging = self.staging
+        staging.hold(keys)  # until every tier has taken its share
+        for index, waiting in self._waiting.items():
+            admitted = self._tiers[index].admit(keys, ctx, errors)
+            if admitted:
+                staging.hold(admitted)
+                waiting.extend(admitted)
+        staging.release(keys)
+
+    def batches(self) -> list[tuple[int, list[OffloadKey], list[int]]]:
+        r"""Each write-back tier's admitted blocks since the last call, with their rows: the
+        jobs to submit (a job the manager cannot submit is :meth:`release`\ d)."""
+        out = []
+        for index, waiting in self._waiting.items():
+            if waiting:
+                keys = list(waiting)
+                waiting.clear()
+                out.append((index, keys, self.staging.rows_of(keys)))
+        return out
+
+    def release(self, keys: Sequence[OffloadKey]) -> None:
+        self.staging.release(keys)
+
+    def holds(self, key: OffloadKey) -> bool:
+        """Whether ``key`` is staged (evicted, its write-back not done)."""
+        return key in self.staging.rows
+
+    def reset(self) -> None:
+        """``reset_cache`` (after its drain): the CPU tier is empty, nothing is dirty."""
+        self._dirty.clear()
+        self.dropped = self.rescued = 0
+
+    def fill(self, stats: TierStats) -> None:
+        stats.write_back_dropped = self.dropped
+        stats.write_back_rescued = self.rescued
+
+
+class StackWrites:
+    """Every tier's :class:`TierWrites`, and the stack's :class:`WriteBack` if a tier is
+    written back: what the tiered manager asks before it writes anything to a tier."""
+
+    def __init__(
+        self,
+        tiers: Sequence[SecondaryTierManager],
+        buffer: npt.NDArray[np.uint8],
+        num_blocks: int,
+    ) -> None:
+        self.tiers = [TierWrites(t.name, t.write_policy, t.admission) for t in tiers]
+        #: Tiers written when a CPU store completes: every block, or what an admission admits.
+        self.through_all = [
+            i for i, w in enumerate(self.tiers) if not w.write_back and w.admission is None
+        ]
+        self.through_admitted = [
+            i for i, w in enumerate(self.tiers) if not w.write_back and w.admission is not None
+        ]
+        back = {i: w for i, w in enumerate(self.tiers) if w.write_back}
+        #: Admissions that watch lookups, called on every stack lookup.
+        self.lookup_observers = [w.record_lookup for w in self.tiers if w.record_lookup]
+        #: Admissions that keep per-request state, told when a request finishes.
+        self.finish_observers = [w.on_request_finished for w in self.tiers if w.on_request_finished]
+        #: Admission errors of the current manager call, raised when it ends.
+        self.errors: list[PluginError] = []
+        self.back: WriteBack | None = None
+        if back:
+            if buffer.shape[0] <= num_blocks:
+                names = ", ".join(repr(w.name) for w in back.values())
+                raise ConfigError(
+                    f"tier(s) {names} use write_policy 'write-back', which needs staging rows "
+                    f"for evicted blocks in the CPU KV buffer: build the stack with "
+                    f"build_manager (it adds write_back_buffer_blocks rows), or create the "
+                    f"CPUOffloadingManager with a kv_buffer of num_blocks + N rows"
+                )
+            self.back = WriteBack(StagingRows(buffer, num_blocks), back)
+
+    def through_keys(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> list[OffloadKey]:
+        """The blocks of a completed CPU store that write-through tier ``index`` writes."""
+        return self.tiers[index].admit(keys, ctx, self.errors)
+
+    def raise_errors(self) -> None:
+        """Raise the first admission error of this call (its blocks were not admitted; the
+        call's other effects stand), forgetting the rest."""
+        if self.errors:
+            first = self.errors[0]
+            self.errors = []
+            raise first
+
+    def fill(self, stats: list[TierStats]) -> None:
+        for tier_stats, writes in zip(stats, self.tiers):
+            writes.fill(tier_stats)
+            if writes.write_back and self.back is not None:
+                self.back.fill(tier_stats)
+
+    def reset(self) -> None:
+        for writes in self.tiers:
+            writes.reset_counters()
+        if self.back is not None:
+            self.back.reset()
 
 
 def check_admission_args(tier: str, admission: Any, options: Any) -> None:
