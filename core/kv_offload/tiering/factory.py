@@ -140,9 +140,11 @@ def _writes(
 ) -> tuple[WritePolicy, AdmissionPolicy | None]:
     """The tier's write policy and admission from its ``write_policy`` and ``admission*``
     keys (:mod:`kv_offload.tiering.writes`); bad values are a ``ConfigError`` naming the key."""
-    policy = parse_write_policy(config.get("write_policy", "write-through"), tier)
     name = config.get("admission")
     options = config.get("admission_options")
+    if "write_policy" not in config and name is None and options is None:
+        return WritePolicy.WRITE_THROUGH, None  # the default: every block, when stored
+    policy = parse_write_policy(config.get("write_policy", "write-through"), tier)
     check_admission_args(tier, name, options)
     if name is None and policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
         name = "store-threshold"  # a block the CPU tier stored twice: evicted, then reused
