@@ -105,7 +105,7 @@ def snapshot(manager: Any) -> tuple[Any, ...]:
         manager.get_stats(),
         [cpu.ref_count(key) for key in KEYS],
         [cpu.block_id(key) for key in KEYS],
-        None if cpu.reuse_filter is None else list(cpu.reuse_filter.counts.items()),
+        None if cpu.admission is None else list(cpu.admission.counts.items()),
     )
 
 

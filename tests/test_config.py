@@ -420,6 +420,9 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
             "enable_events": True,
             "store_threshold": 2,
             "max_tracker_size": 64000,
+            "admission": None,
+            "admission_options": None,
+            "admission_module_path": None,
         },
         "tiers": [{"type": "example", "capacity_blocks": 64}],
         "hooks": {"autoload": False, "enable": [], "block": []},
@@ -437,9 +440,9 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
         assert [tier.name for tier in manager.tiers] == ["example"]
         assert manager.tiers[0].capacity_blocks == 64  # type: ignore[attr-defined]
         assert manager.primary.num_free_blocks == 16
-        assert manager.primary.reuse_filter is not None  # allowed with tiers
-        assert manager.primary.reuse_filter.threshold == 2
-        assert manager.primary.reuse_filter.max_size == 64000
+        assert manager.primary.admission is not None  # allowed with tiers
+        assert manager.primary.admission.threshold == 2
+        assert manager.primary.admission.max_size == 64000
     finally:
         manager.shutdown()
 

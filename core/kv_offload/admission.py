@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import ConfigError, PluginError
+from .errors import ConfigError, PluginError, PluginNotFoundError
 from .keys import OffloadKey
 from .plugins.registry import PluginRegistry
 from .types import ReqContext
@@ -42,7 +42,9 @@ __all__ = [
     "StoreThreshold",
     "admission_registry",
     "build_admission",
+    "check_admission_keys",
     "checked_admit",
+    "configured_admission",
     "overrides",
 ]
 
@@ -242,7 +244,9 @@ def build_admission(
     place = f" for {where}" if where else ""
     try:
         admission = cls(**(options or {}), capacity_blocks=capacity_blocks)
-    except (ConfigError, PluginError):
+    except ConfigError as exc:  # the plugin's own check of an option: say whose it is
+        raise ConfigError(f"admission {name!r}{place}: {exc}", key=exc.key) from exc
+    except PluginError:
         raise
     except TypeError as exc:
         raise ConfigError(
@@ -264,3 +268,62 @@ def build_admission(
         )
     admission.plugin_name = name
     return admission
+
+
+def check_admission_keys(where: str, name: Any, options: Any) -> None:
+    """The ``admission`` and ``admission_options`` keys' own rules (``where`` begins the
+    message: ``"tier 'fs'"``, ``"the CPU tier"``)."""
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ConfigError(
+            f"{where}: admission must be an admission plugin name, got {name!r}", key="admission"
+        )
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(
+            f"{where}: admission_options must be a table of the admission's settings, "
+            f"got {options!r}",
+            key="admission_options",
+        )
+    if options and name is None:
+        raise ConfigError(
+            f"{where}: admission_options without admission; name the admission plugin "
+            f'(admission = "NAME")',
+            key="admission_options",
+        )
+
+
+def configured_admission(
+    name: Any,
+    options: Any,
+    module_path: Any,
+    *,
+    capacity_blocks: int | None,
+    where: str,
+) -> AdmissionPolicy:
+    """The admission a config's ``admission``, ``admission_options`` and
+    ``admission_module_path`` keys name, for ``where`` (``"tier 'fs'"``, ``"the CPU tier"``).
+
+    One place turns those keys into a plugin for every tier, so the CPU tier and the
+    secondary tiers reject the same mistakes with the same words: every error is a
+    :class:`~kv_offload.errors.ConfigError` whose ``key`` is the key to fix (an unknown name
+    comes with the closest installed names).
+    """
+    from .config.locate import did_you_mean  # the config package imports this module
+
+    check_admission_keys(where, name, options)
+    if name is None:
+        raise ConfigError(f"{where}: no admission named", key="admission")
+    try:
+        return build_admission(
+            name, options, module_path, capacity_blocks=capacity_blocks, where=where
+        )
+    except ConfigError as exc:
+        if exc.key is None:
+            exc.key = "admission_options" if options else "admission"
+        raise
+    except PluginError as exc:
+        message = str(exc)
+        if isinstance(exc, PluginNotFoundError):
+            known = {info.name for info in admission_registry.available()}
+            message += did_you_mean(name, known)
+        key = "admission_module_path" if module_path is not None else "admission"
+        raise ConfigError(message, key=key) from exc

@@ -68,6 +68,7 @@ def _build(
         enable_events=stack.enable_events,
         store_threshold=stack.store_threshold,
         max_tracker_size=stack.max_tracker_size,
+        admission=stack.cpu_admission(),
         block_size_bytes=None if kv_buffer is not None else stack.block_size_bytes,
         plugin_manager=plugin_manager,
     )

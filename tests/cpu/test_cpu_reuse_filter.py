@@ -21,7 +21,7 @@ from kv_offload import (
     build_manager,
     hookimpl,
 )
-from kv_offload.cpu.reuse_filter import ReuseFilter
+from kv_offload.admission import StoreThreshold
 
 
 def ks(*ids: int) -> list[bytes]:
@@ -35,8 +35,8 @@ def offer(m: CPUOffloadingManager, *ids: int) -> list[bytes]:
 
 
 def tracked(m: CPUOffloadingManager) -> dict[bytes, int]:
-    assert m.reuse_filter is not None
-    return dict(m.reuse_filter.counts)
+    assert m.admission is not None
+    return dict(m.admission.counts)
 
 
 # -- vLLM's scenarios -------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def test_filter_reports_stores_skipped_counter() -> None:
 @pytest.mark.parametrize("threshold", [0, 1])
 def test_below_two_the_filter_is_off(threshold: int) -> None:
     m = CPUOffloadingManager(4, store_threshold=threshold)
-    assert m.reuse_filter is None
+    assert m.admission is None
     assert offer(m, 1, 2) == ks(1, 2)
     assert m.get_stats().stores_skipped == 0
 
@@ -162,12 +162,12 @@ def test_tracker_alone_matches_a_reference_lru_model() -> None:
 
     rng = random.Random(5)
     size = 7
-    tracker = ReuseFilter(2, size)
+    tracker = StoreThreshold(threshold=2, max_tracker_size=size)
     model: dict[int, int] = {}  # insertion order = recency
     for _ in range(2000):
         call = rng.sample(range(20), rng.randint(1, 9))
         keys = ks(*call)
-        admitted = tracker.offer(keys, keys)
+        admitted = [key for key, yes in zip(keys, tracker.admit(keys, CTX)) if yes]
         mine = [i for i in call if i in model]
         for i in mine:
             model[i] = model.pop(i) + 1

@@ -52,7 +52,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     size = f", {cpu['block_size_bytes']} bytes/block" if cpu["block_size_bytes"] else ""
     print(
         f"  CPU tier: {cpu['num_blocks']} blocks{size}, policy {cpu['policy']!r} "
-        f"({origin('policy', stack.policy)})"
+        f"({origin('policy', stack.policy)})" + _admission_line(cpu)
     )
     for index, tier in enumerate(described["tiers"], start=1):
         extra = ", ".join(f"{k}={v!r}" for k, v in tier.items() if k != "type")
@@ -78,3 +78,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     elif not stack.allow_module_path:
         print("  module_path imports: forbidden (allow_module_path = false)")
     return 0
+
+
+def _admission_line(cpu: dict[str, Any]) -> str:
+    """What decides which offered blocks the CPU tier stores, when something does."""
+    if cpu.get("admission"):
+        options = cpu.get("admission_options") or {}
+        shown = f" {options}" if options else ""
+        return f", admission {cpu['admission']!r}{shown}"
+    if cpu.get("store_threshold", 0) >= 2:
+        return f", store_threshold {cpu['store_threshold']} (admission 'store-threshold')"
+    return ""

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..redact import redact_secrets
 from .env import HookSelection, select_hooks
 from .schema import HOOK_FIELDS, TOP_FIELDS
+
+if TYPE_CHECKING:
+    from ..admission import AdmissionPolicy
 
 __all__ = ["DEFAULT_CONFIG", "HooksConfig", "StackConfig", "TierConfig"]
 
@@ -62,6 +65,11 @@ class StackConfig:
     enable_events: bool = _TOP["enable_events"].default
     store_threshold: int = _TOP["store_threshold"].default
     max_tracker_size: int = _TOP["max_tracker_size"].default
+    admission: str | None = _TOP["admission"].default
+    admission_options: Mapping[str, Any] | None = field(
+        default=_TOP["admission_options"].default, hash=False
+    )
+    admission_module_path: str | None = _TOP["admission_module_path"].default
     write_back_buffer_blocks: int | None = _TOP["write_back_buffer_blocks"].default
     drain_timeout_s: float = _TOP["drain_timeout_s"].default
     promotion_timeout_s: float = _TOP["promotion_timeout_s"].default
@@ -85,6 +93,22 @@ class StackConfig:
             },
             **{f.name: getattr(self, f.name) for f in shown if f.shown == ""},
         }
+
+    def cpu_admission(self) -> AdmissionPolicy | None:
+        """The CPU tier's admission plugin as ``admission`` configures it (``None``: unset;
+        ``store_threshold`` is passed to the CPU tier as vLLM does)."""
+        from ..admission import configured_admission  # the plugin modules load on demand
+
+        if self.admission is None:
+            return None
+        options = dict(self.admission_options) if self.admission_options is not None else None
+        return configured_admission(
+            self.admission,
+            options,
+            self.admission_module_path,
+            capacity_blocks=self.num_blocks,
+            where="the CPU tier",
+        )
 
     @property
     def write_back(self) -> bool:

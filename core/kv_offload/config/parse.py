@@ -59,6 +59,18 @@ def parse_config(
         if top["num_blocks"] <= 0:
             raise v.fail(("cpu_bytes",), f"{cpu_bytes} bytes hold no block of {block_size} bytes")
 
+    if top["admission"] is not None and top["store_threshold"] >= 2:
+        raise v.fail(
+            ("admission",),
+            f"both admission {top['admission']!r} and store_threshold = "
+            f"{top['store_threshold']} choose what the CPU tier stores; keep one "
+            f'(store_threshold = n is admission = "store-threshold" with '
+            f"admission_options = {{threshold = n}})",
+        )
+    for key in ("admission_options", "admission_module_path"):
+        if top[key] is not None and top["admission"] is None:
+            raise v.fail((key,), f'{key} without admission; name the plugin (admission = "NAME")')
+
     hooks_data = v.table(data, "hooks")
     # A table under [hooks] holds one plugin's settings; any other unknown key is a typo.
     settings = {k: dict(t) for k, t in hooks_data.items() if isinstance(t, Mapping)}
@@ -98,7 +110,7 @@ def parse_config(
             at=("tiers", 0),
         )
     if not top["allow_module_path"]:
-        _forbid_module_paths(v, top["policy_module_path"], tiers, data)
+        _forbid_module_paths(v, top, tiers, data)
     return StackConfig(**top, hooks=hooks, tiers=tuple(tiers), source=source)
 
 
@@ -134,20 +146,26 @@ def _parse_tiers(
 
 
 def _forbid_module_paths(
-    v: Validator, policy_module_path: str | None, tiers: list[TierConfig], data: Mapping[str, Any]
+    v: Validator, top: Mapping[str, Any], tiers: list[TierConfig], data: Mapping[str, Any]
 ) -> None:
-    if policy_module_path is not None:
-        raise v.fail(
-            ("policy_module_path",),
-            "module_path imports are forbidden by "
-            "allow_module_path = false; install the policy as a distribution",
-        )
-    for index, tier_cfg in enumerate(tiers):
-        if tier_cfg.module_path is not None:
+    for key, what in (("policy_module_path", "policy"), ("admission_module_path", "admission")):
+        if top[key] is not None:
             raise v.fail(
-                ("tiers", index, "module_path"),
-                "module_path imports are forbidden by allow_module_path = false",
+                (key,),
+                "module_path imports are forbidden by "
+                f"allow_module_path = false; install the {what} as a distribution",
             )
+    for index, tier_cfg in enumerate(tiers):
+        imports = {
+            "module_path": tier_cfg.module_path,
+            "admission_module_path": tier_cfg.arguments.get("admission_module_path"),
+        }
+        for key, value in imports.items():
+            if value is not None:
+                raise v.fail(
+                    ("tiers", index, key),
+                    "module_path imports are forbidden by allow_module_path = false",
+                )
     # The backpressure tables name detector and drop-policy classes the same way.
     raw_tiers = data.get("tiers")
     tables: list[tuple[tuple[Any, ...], Any]] = [(("backpressure",), data.get("backpressure"))]

@@ -62,6 +62,7 @@ def resolve_config(config: StackConfig) -> None:
     v = Validator.for_source(config.source)
     _forbid_module_paths_by_env(v, config)
     _resolve_policy(v, config)
+    _resolve_admission(v, config)
     geometry = (
         OffloadingConfig(config.num_blocks, config.block_size_bytes)
         if config.block_size_bytes
@@ -166,9 +167,15 @@ def _forbid_module_paths_by_env(v: Validator, config: StackConfig) -> None:
     )
     if config.policy_module_path is not None:
         raise v.fail(("policy_module_path",), f"{why}; install the policy as a distribution")
+    if config.admission_module_path is not None:
+        raise v.fail(("admission_module_path",), f"{why}; install the admission instead")
     for index, tier in enumerate(config.tiers):
         if tier.module_path is not None:
             raise v.fail(("tiers", index, "module_path"), f"{why}; install the tier instead")
+        if tier.arguments.get("admission_module_path") is not None:
+            raise v.fail(
+                ("tiers", index, "admission_module_path"), f"{why}; install the admission instead"
+            )
 
 
 @contextmanager
@@ -201,6 +208,17 @@ def _resolve_policy(v: Validator, config: StackConfig) -> None:
         message = message.replace("set cache_policy_module_path ", "set policy_module_path ")
         installed = config.policy in {i.name for i in available}
         raise v.fail(("policy",) if installed else at, message + _import_hint(exc)) from exc
+
+
+def _resolve_admission(v: Validator, config: StackConfig) -> None:
+    """The CPU tier's admission is built once here, so a bad name or option is reported at
+    ``validate`` with its file and line (a tier's is checked with the tier's arguments)."""
+    if config.admission is None:
+        return
+    try:
+        config.cpu_admission()
+    except ConfigError as exc:
+        raise v.fail((exc.key or "admission",), str(exc)) from exc
 
 
 def _resolve_tier(

@@ -96,12 +96,19 @@ def _positive_seconds(value: Any) -> float:
     return float(value)
 
 
+def _table(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Invalid(f"must be a table, got {type(value).__name__} {value!r}")
+    return dict(value)
+
+
 POSITIVE_INT = _Rule("int > 0", _positive_int)
 NON_NEGATIVE_INT = _Rule("int >= 0", _non_negative_int)
 POSITIVE_SECONDS = _Rule("float > 0", _positive_seconds)
 NAME = _Rule("str", _name)
 BOOLEAN = _Rule("bool", _boolean)
 NAMES = _Rule("list[str]", _names)
+TABLE = _Rule("table", _table)
 ANY = _Rule("any", lambda value: value)
 
 
@@ -172,6 +179,23 @@ TOP_FIELDS: Final[tuple[Field, ...]] = (
         POSITIVE_INT,
         64000,
         "reuse filter: keys whose offers are counted (least recently offered forgotten first)",
+        shown="cpu",
+    ),
+    Field(
+        "admission",
+        NAME,
+        None,
+        "admission plugin (`kv_offload.admission`) choosing which offered blocks the CPU tier "
+        'stores (unset: all); `store_threshold = n` is `admission = "store-threshold"` with '
+        "`admission_options = {threshold = n}`, so set one of the two",
+        shown="cpu",
+    ),
+    Field("admission_options", TABLE, None, "the CPU tier admission's settings", shown="cpu"),
+    Field(
+        "admission_module_path",
+        NAME,
+        None,
+        "module defining the class named `admission` (out-of-tree admission)",
         shown="cpu",
     ),
     Field(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from ..admission import checked_admit
 from ..block_status import BlockStatus
 from ..concurrency import concurrent_use_error, entry_guarded, unguarded
 from ..keys import OffloadKey
@@ -71,6 +72,8 @@ class CPUOffloadingManager(CPUManagerState):
             check.check_context(req_context, "on_request_finished")
         if self._on_request_finished is not None:
             self._on_request_finished(req_context)
+        if self._admission_finished is not None:
+            self._admission_finished(req_context)
         if (hook := self.hooks.request_finished) is not None:
             hook(manager=self, req_context=req_context)
 
@@ -250,11 +253,12 @@ class CPUOffloadingManager(CPUManagerState):
 
         Eviction is all or nothing and never takes a pending or pinned block, nor any of
         ``keys`` or ``protected`` (blocks a caller is about to load). Returns ``None``, with no
-        state change but the reuse filter's offer counts, when not enough blocks can be
-        evicted. With the reuse filter on, the call counts one offer of each key and stores
-        only keys offered ``store_threshold`` times; ``bypass_reuse_filter`` stores every
-        absent key and counts nothing (a tiered manager's promotion: the block was admitted
-        when it was first stored).
+        state change but what the admission counted, when not enough blocks can be evicted.
+        With an admission (``store_threshold`` or ``admission``), it is offered every key and
+        only the absent keys it admits are stored; an admission that breaks its contract is a
+        :class:`~kv_offload.errors.PluginError` naming it, raised before anything is stored.
+        ``bypass_reuse_filter`` stores every absent key without asking (a tiered manager's
+        promotion: the block was admitted when it was first stored).
         """
         if self._closed:
             raise check.closed_error("prepare_store")
@@ -267,10 +271,12 @@ class CPUOffloadingManager(CPUManagerState):
         if self._on_request_access is not None:
             self._on_request_access(key_list, req_context)
         to_store = without_block(key_list, blocks)
-        if self.reuse_filter is not None and not bypass_reuse_filter:
-            admitted = self.reuse_filter.offer(key_list, to_store)
-            self.counters.stores_skipped += len(to_store) - len(admitted)
-            to_store = admitted
+        if self.admission is not None and not bypass_reuse_filter:
+            admission = self.admission
+            admitted = set(checked_admit(admission, admission.plugin_name, key_list, req_context))
+            count = len(to_store)
+            to_store = [key for key in to_store if key in admitted]
+            self.counters.stores_skipped += count - len(to_store)
         count = len(to_store)
         if not count:
             return _empty_store()

@@ -8,6 +8,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..admission import AdmissionPolicy, overrides
 from ..base import OffloadingManager
 from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
@@ -25,7 +26,7 @@ from ..plugins import (
 from ..policies import CachePolicy, CachePolicyFactory
 from ..policies.base import splits_victims
 from ..types import ALLOCATION_SIZE_BOUNDS, OffloadingEvent, OffloadingStats, SizeHistogram
-from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, ReuseFilter, check_filter_args
+from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, cpu_admission
 from .slots import SlotTable
 
 if TYPE_CHECKING:
@@ -154,9 +155,11 @@ class CPUManagerState(OffloadingManager):
     ``cache_policy`` names an installed policy plugin (``"lru"`` by default, ``"arc"``, or any
     third-party name); ``cache_policy_module_path`` is the out-of-tree fallback. With
     ``enable_events`` the manager records :class:`~kv_offload.OffloadingEvent` batches in
-    :attr:`event_log` for :meth:`take_events`. ``store_threshold`` (2 or more) turns on the
-    reuse filter: a block is stored from its ``store_threshold``-th offer on, offers counted
-    for at most ``max_tracker_size`` keys (:mod:`~kv_offload.cpu.reuse_filter`).
+    :attr:`event_log` for :meth:`take_events`. ``store_threshold`` (2 or more) stores a
+    block from its ``store_threshold``-th offer on, offers counted for at most
+    ``max_tracker_size`` keys, as vLLM does; ``admission`` (an
+    :class:`~kv_offload.admission.AdmissionPolicy`, exclusive with ``store_threshold``) is
+    any other rule for which offered blocks the tier stores (:mod:`~kv_offload.cpu.reuse_filter`).
     """
 
     medium = MEDIUM_CPU
@@ -172,9 +175,10 @@ class CPUManagerState(OffloadingManager):
         plugin_manager: KVOffloadPluginManager | None = None,
         store_threshold: int = 0,
         max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
+        admission: AdmissionPolicy | None = None,
     ) -> None:
         check_num_blocks(num_blocks, kv_buffer)
-        store_threshold, max_tracker_size = check_filter_args(store_threshold, max_tracker_size)
+        chosen = cpu_admission(num_blocks, store_threshold, max_tracker_size, admission)
         policy = build_policy(cache_policy, cache_policy_module_path, num_blocks)
         if kv_buffer is None and block_size_bytes is not None:
             kv_buffer = CPUKVBuffer(num_blocks, block_size_bytes)
@@ -183,9 +187,11 @@ class CPUManagerState(OffloadingManager):
         self.cache_policy_name = cache_policy
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
-        #: The reuse filter, ``None`` when it is off (``store_threshold`` below 2).
-        self.reuse_filter: ReuseFilter | None = (
-            ReuseFilter(store_threshold, max_tracker_size) if store_threshold >= 2 else None
+        #: What the tier asks before it stores (``store-threshold`` for ``store_threshold``
+        #: 2 or more, or the ``admission`` given); ``None``: every offered block is stored.
+        self.admission: AdmissionPolicy | None = chosen
+        self._admission_finished = (
+            overrides(chosen, "on_request_finished") if chosen is not None else None
         )
         self._policy: CachePolicy = policy
         self._get = policy.fast_get()  # bound once: the manager's hottest call

@@ -14,20 +14,18 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from ..admission import AdmissionPolicy, admission_registry, build_admission
-from ..config.locate import did_you_mean
+from ..admission import AdmissionPolicy, check_admission_keys, configured_admission
 from ..errors import (
     ConfigError,
     InvalidArgumentError,
     KVOffloadError,
     PluginError,
-    PluginNotFoundError,
 )
 from ..plugins.registry import PluginInfo, PluginRegistry
 from ..tier_types import Locality
 from .base import OffloadingConfig, SecondaryTierManager
 from .cascade_gate import build_gate
-from .writes import WritePolicy, check_admission_args, parse_write_policy
+from .writes import WritePolicy, parse_write_policy
 
 __all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_arguments"]
 
@@ -145,29 +143,18 @@ def _writes(
     if "write_policy" not in config and name is None and options is None:
         return WritePolicy.WRITE_THROUGH, None  # the default: every block, when stored
     policy = parse_write_policy(config.get("write_policy", "write-through"), tier)
-    check_admission_args(tier, name, options)
+    check_admission_keys(f"tier {tier!r}", name, options)
     if name is None and policy is WritePolicy.WRITE_THROUGH_SELECTIVE:
         name = "store-threshold"  # a block the CPU tier stored twice: evicted, then reused
     if name is None:
         return policy, None
-    try:
-        admission = build_admission(
-            name,
-            options,
-            config.get("admission_module_path"),
-            capacity_blocks=capacity_blocks,
-            where=f"tier {tier!r}",
-        )
-    except ConfigError as exc:
-        if exc.key is None:
-            exc.key = "admission_options" if options else "admission"
-        raise
-    except PluginError as exc:
-        message = str(exc)
-        if isinstance(exc, PluginNotFoundError):
-            known = {info.name for info in admission_registry.available()}
-            message += did_you_mean(name, known)
-        raise ConfigError(message, key="admission") from exc
+    admission = configured_admission(
+        name,
+        options,
+        config.get("admission_module_path"),
+        capacity_blocks=capacity_blocks,
+        where=f"tier {tier!r}",
+    )
     return policy, admission
 
 

@@ -51,7 +51,6 @@ __all__ = [
     "TierWrites",
     "WriteBack",
     "WritePolicy",
-    "check_admission_args",
     "parse_write_policy",
 ]
 
@@ -362,23 +361,3 @@ class StackWrites:
             writes.reset_counters()
         if self.back is not None:
             self.back.reset()
-
-
-def check_admission_args(tier: str, admission: Any, options: Any) -> None:
-    if admission is not None and (not isinstance(admission, str) or not admission.strip()):
-        raise ConfigError(
-            f"tier {tier!r}: admission must be an admission plugin name, got {admission!r}",
-            key="admission",
-        )
-    if options is not None and not isinstance(options, dict):
-        raise ConfigError(
-            f"tier {tier!r}: admission_options must be a table of the admission's settings, "
-            f"got {options!r}",
-            key="admission_options",
-        )
-    if options and admission is None:
-        raise ConfigError(
-            f"tier {tier!r}: admission_options without admission; name the admission plugin "
-            f'(admission = "NAME")',
-            key="admission_options",
-        )
