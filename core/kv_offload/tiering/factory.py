@@ -188,7 +188,10 @@ def check_tier_arguments(
     if arguments.get("locality") is not None:
         locality = _locality(tier_type, arguments["locality"])
     build_gate(arguments.get("backpressure"), tier_type, locality)  # names and values
-    _writes(tier_type, arguments, None)  # write policy, admission name and options
+    # Write policy, admission name and options; an admission sized by the tier's capacity
+    # is built with the capacity the tier is configured with, as the built stack does.
+    capacity = arguments.get("capacity_blocks")
+    _writes(tier_type, arguments, capacity if isinstance(capacity, int) else None)
     arguments = {k: v for k, v in arguments.items() if k not in _CORE_ARGUMENTS}
     for key in arguments:
         if key in _RESERVED:
