@@ -334,7 +334,7 @@ def test_reset_cache_waits_for_promotions_in_flight() -> None:
     m.on_schedule_end()
     m.reset_cache()
     assert m.lookup(k(0), CTX) is PENDING
-    m._submit_queued()  # the step's promotions went out; their results are not in yet
+    m.on_request_finished(CTX)  # its promotions go out now; their results are not in yet
     assert m.get_stats().jobs_in_flight >= 1
     m.reset_cache()
     assert m.get_stats().jobs_in_flight == 0
