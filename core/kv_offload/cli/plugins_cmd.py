@@ -6,9 +6,12 @@ import argparse
 import json
 from dataclasses import asdict
 from importlib import metadata
+from typing import Any
 
+from ..admission import admission_registry
 from ..plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
 from ..plugins.env import env_names
+from ..plugins.registry import PluginRegistry
 from ..policies import CachePolicyFactory
 from ..tiering import SecondaryTierFactory
 from .output import table
@@ -49,16 +52,19 @@ def _all_plugins(check: bool) -> list[tuple[PluginInfo, str]]:
     """Every installed plugin with its status. Listing reads metadata only: importing runs a
     plugin's code, so it happens only with ``check`` and never for a blocked name."""
     blocked = _blocked_names()
-    policies = CachePolicyFactory.registry
-    tiers = SecondaryTierFactory.registry
-    infos = policies.available() + tiers.available() + _hook_plugins(check, blocked)
+    registries: dict[str, PluginRegistry[Any]] = {
+        "policy": CachePolicyFactory.registry,
+        "tier": SecondaryTierFactory.registry,
+        "admission": admission_registry,
+    }
+    infos = [i for r in registries.values() for i in r.available()] + _hook_plugins(check, blocked)
     rows = []
     for info in infos:
         if info.kind == "hook" and info.name in blocked:
             rows.append((info, f"blocked ({BLOCK_ENV}); not imported"))
             continue
         if check and info.kind != "hook":
-            info = (policies if info.kind == "policy" else tiers).check(info)
+            info = registries[info.kind].check(info)
         if info.error is not None:
             rows.append((info, f"BROKEN: {info.error}"))
         else:

@@ -47,6 +47,7 @@ KNOWN_DISTRIBUTIONS: dict[tuple[str, str], str] = {
     ("admission", "always"): "kv-offload-admission",
     ("admission", "seen-before"): "kv-offload-admission",
     ("admission", "tinylfu"): "kv-offload-admission",
+    ("admission", "conversation-share"): "kv-offload-admission",
 }
 
 RUNTIME = "runtime registration"
