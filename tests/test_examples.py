@@ -27,6 +27,12 @@ TEMPLATES = {
     "policy-fifo": ("kv-offload-fifo", "kv_offload.policies", "fifo", "policy"),
     "tier-dict": ("kv-offload-dict-tier", "kv_offload.tiers", "dict", "tier"),
     "hook-eviction-log": ("kv-offload-eviction-log", "kv_offload.hooks", "eviction-log", "hook"),
+    "admission-sampled": (
+        "kv-offload-sampled-admission",
+        "kv_offload.admission",
+        "sampled",
+        "admission",
+    ),
 }
 
 PRELUDE = """
@@ -216,6 +222,41 @@ for i in (0xAB, 0xCD):
     blocked = env.run(code.replace('"enable": ["eviction-log"]', '"block": ["eviction-log"]'))
     assert blocked.returncode == 0, blocked.stderr
     assert blocked.stdout == ""
+
+
+def test_sampled_admission_writes_its_share_to_the_tier(env: PluginEnv) -> None:
+    result = env.run_json(
+        PRELUDE
+        + """
+tier = {"type": "example", "capacity_blocks": 400, "write_policy": "write-through-selective",
+        "admission": "sampled", "admission_options": {"percent": 25}}
+manager = build_manager({"num_blocks": 400, "block_size_bytes": 64, "tiers": [tier],
+                         "hooks": {"autoload": False}})
+ctx = ReqContext("r")
+out = manager.prepare_store([K(i) for i in range(400)], ctx)
+manager.complete_store(out.keys_to_store, ctx)
+manager.drain()
+stats = manager.tier_stats()[0]
+print(json.dumps([stats.admission, stats.cascaded_blocks, stats.refused_blocks]))
+manager.shutdown()
+"""
+    )
+    name, written, refused = result
+    assert name == "sampled" and written + refused == 400
+    assert 60 <= written <= 140  # about a quarter
+
+
+def test_sampled_admission_rejects_a_bad_percent(env: PluginEnv, tmp_path: Path) -> None:
+    path = tmp_path / "stack.toml"
+    path.write_text(
+        'block_size_bytes = 64\n[[tiers]]\ntype = "example"\nadmission = "sampled"\n'
+        "admission_options = { percent = 101 }\n"
+    )
+    proc = env.run(
+        f"import sys\nfrom kv_offload.cli import main\nsys.exit(main(['validate', {str(path)!r}]))"
+    )
+    assert proc.returncode != 0
+    assert f"{path}:5:" in proc.stderr and "percent must be an int from 0 to 100" in proc.stderr
 
 
 # -- the guide -------------------------------------------------------------------------------
