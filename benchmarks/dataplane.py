@@ -36,14 +36,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import numpy.typing as npt
-from kv_offload import (
-    CPUKVBuffer,
-    JobDirection,
-    JobMetadata,
-    OffloadingConfig,
-    ReqContext,
-    make_offload_key,
-)
+from kv_offload import CPUKVBuffer, ReqContext, make_offload_key
+from kv_offload.tiering import JobDirection, JobMetadata, OffloadingConfig
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 TARGET = 0.8

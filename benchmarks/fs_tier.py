@@ -55,14 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kv_offload import (
-    CPUKVBuffer,
-    JobDirection,
-    JobMetadata,
-    OffloadingConfig,
-    ReqContext,
-    make_offload_key,
-)
+from kv_offload import CPUKVBuffer, ReqContext, make_offload_key
+from kv_offload.tiering import JobDirection, JobMetadata, OffloadingConfig
 from kv_offload_fs_tier import FileSystemTier
 
 TARGET = 0.8

@@ -5,7 +5,7 @@ Not a benchmark itself: ``benchmarks/hooks_overhead.py`` imports it as a sibling
 same observers (benchmarks never import test helpers).
 
 * :func:`plugin_class` writes a plugin class with one ``@hookimpl`` per hook, each taking
-  exactly the arguments of its hookspec in ``kv_offload.hookspecs``. pluggy passes a hook
+  exactly the arguments of its hookspec in ``kv_offload.plugins.hookspecs``. pluggy passes a hook
   implementation only the arguments it names, so an observer written by hand that misses an
   argument (or a hook) added to the specs later measures, or records, less than it claims;
   generated ones follow the specs.
@@ -21,7 +21,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from kv_offload import OffloadKey, hookimpl, hookspecs
+from kv_offload import OffloadKey
+from kv_offload.plugins import hookimpl, hookspecs
 
 __all__ = [
     "EVENT_HOOKS",

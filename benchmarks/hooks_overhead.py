@@ -44,14 +44,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hook_observers import NoOpObserver, SeenTwiceAdmission  # a sibling module, not a test helper
-from kv_offload import (
-    CPUOffloadingManager,
-    KVOffloadPluginManager,
-    OffloadKey,
-    ReqContext,
-    create_plugin_manager,
-)
-from kv_offload.plugins import HOOK_NAMES
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.plugins import HOOK_NAMES, KVOffloadPluginManager, create_plugin_manager
 from kv_offload.replay import ReplayResult, replay
 from kv_offload.trace import read_trace
 

@@ -23,13 +23,8 @@ import tracemalloc
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from kv_offload import (
-    CachePolicyFactory,
-    CPUOffloadingManager,
-    OffloadKey,
-    ReqContext,
-    make_offload_key,
-)
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kv_offload.policies import CachePolicyFactory
 
 CAPACITIES = [5000, 8000, 12000, 16000, 20000, 30000, 45000, 100_000]
 BATCH = 16

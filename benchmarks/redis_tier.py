@@ -50,15 +50,8 @@ if "--no-hiredis" in sys.argv:
 
 import numpy as np
 import redis
-from kv_offload import (
-    CPUKVBuffer,
-    JobDirection,
-    JobMetadata,
-    OffloadingConfig,
-    ReqContext,
-    SecondaryTierFactory,
-    make_offload_key,
-)
+from kv_offload import CPUKVBuffer, ReqContext, make_offload_key
+from kv_offload.tiering import JobDirection, JobMetadata, OffloadingConfig, SecondaryTierFactory
 from kv_offload_redis_tier import RedisTier
 from kv_offload_redis_tier.wire import ZeroCopyPool
 from redis.connection import HIREDIS_AVAILABLE

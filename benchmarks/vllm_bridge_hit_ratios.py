@@ -19,7 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kv_offload import CachePolicyFactory, CPUOffloadingManager, ReqContext
+from kv_offload import CPUOffloadingManager, ReqContext
+from kv_offload.policies import CachePolicyFactory
 from kv_offload.replay import replay
 from scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 

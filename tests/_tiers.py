@@ -18,15 +18,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from kv_offload import (
-    JobDirection,
-    JobMetadata,
-    JobResult,
-    OffloadingConfig,
-    OffloadKey,
-    ReqContext,
-    make_offload_key,
-)
+from kv_offload import OffloadKey, ReqContext, make_offload_key
+from kv_offload.tiering import JobDirection, JobMetadata, JobResult, OffloadingConfig
 from kv_offload_example_tier import ExampleSecondaryTierManager
 from kv_offload_faulty_tier import FaultyTier
 

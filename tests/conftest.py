@@ -14,12 +14,9 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from _dists import ModuleFactory, PluginEnv
-from kv_offload import (
-    CachePolicyFactory,
-    KVOffloadPluginManager,
-    SecondaryTierFactory,
-    create_plugin_manager,
-)
+from kv_offload.plugins import KVOffloadPluginManager, create_plugin_manager
+from kv_offload.policies import CachePolicyFactory
+from kv_offload.tiering import SecondaryTierFactory
 
 #: ``register(name, module_path, class_name)`` of a runtime registration fixture.
 Register = Callable[[str, str, str], None]

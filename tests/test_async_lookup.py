@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from _tiers import block_bytes, expected_rows, key
 from kv_offload import (
-    AsyncLookup,
     ConfigError,
     CPUOffloadingManager,
     LookupResult,
@@ -19,7 +18,7 @@ from kv_offload import (
     ReqContext,
     TieringOffloadingManager,
 )
-from kv_offload.tier import OffloadingConfig
+from kv_offload.tiering import AsyncLookup, OffloadingConfig
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 BLOCK = 64

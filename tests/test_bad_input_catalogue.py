@@ -20,24 +20,25 @@ from typing import Any
 import numpy as np
 import pytest
 from kv_offload import (
-    CachePolicyFactory,
     ConcurrentUseError,
     ConfigError,
     CPUOffloadingManager,
+    KVOffloadError,
+    ManagerError,
+    ReqContext,
+    TieringOffloadingManager,
+    build_manager,
+    make_offload_key,
+)
+from kv_offload.errors import (
     InvalidArgumentError,
     InvalidKeyError,
     KeyStateError,
-    KVOffloadError,
-    ManagerError,
-    OffloadingConfig,
     PluginNotFoundError,
-    ReqContext,
-    SecondaryTierFactory,
-    TieringOffloadingManager,
-    build_manager,
-    create_plugin_manager,
-    make_offload_key,
 )
+from kv_offload.plugins import create_plugin_manager
+from kv_offload.policies import CachePolicyFactory
+from kv_offload.tiering import OffloadingConfig, SecondaryTierFactory
 from test_cli import assert_one_line_error, kvo
 
 BLOCK = 64

@@ -140,7 +140,10 @@ def hook_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real distribution of two hook plugins, pip-installed into a directory (``--target``)."""
     spec = DistSpec(
         name="kvo-hooks-alpha-beta",
-        files={f"kvo_hook_{n}.py": "from kv_offload import hookimpl\n" for n in ("alpha", "beta")},
+        files={
+            f"kvo_hook_{n}.py": "from kv_offload.plugins import hookimpl\n"
+            for n in ("alpha", "beta")
+        },
         entry_points={"kv_offload.hooks": {n: f"kvo_hook_{n}" for n in ("alpha", "beta")}},
     )
     return spec.install_target(tmp_path_factory.mktemp("hooksite"))

@@ -16,7 +16,6 @@ from _tiers import key
 from kv_offload import (
     ConfigError,
     CPUOffloadingManager,
-    ExperimentalPluginWarning,
     LookupResult,
     PluginError,
     ReqContext,
@@ -24,6 +23,7 @@ from kv_offload import (
     load_config,
 )
 from kv_offload.admission import StoreThreshold
+from kv_offload.plugins import ExperimentalPluginWarning
 
 ADMISSIONS = """
 from kv_offload.admission import AdmissionPolicy

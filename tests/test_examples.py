@@ -95,7 +95,7 @@ def test_a_template_builds_with_setuptools(
     built = plugin_env_factory("setuptools-build")
     built.install(project)
     found = built.run_json(
-        "import json\nfrom kv_offload import CachePolicyFactory\n"
+        "import json\nfrom kv_offload.policies import CachePolicyFactory\n"
         "cls = CachePolicyFactory.get_cache_policy_cls('fifo')\n"
         "print(json.dumps(cls.__module__ + '.' + cls.__name__))"
     )

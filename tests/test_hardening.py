@@ -13,13 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 from _dists import DistSpec
-from kv_offload import (
-    CPUKVBuffer,
-    InvalidArgumentError,
-    InvalidKeyError,
-    ReqContext,
-    make_offload_key,
-)
+from kv_offload import CPUKVBuffer, ReqContext, make_offload_key
+from kv_offload.errors import InvalidArgumentError, InvalidKeyError
 from test_cli import assert_one_line_error, kvo, kvo_many
 
 MARKER_CODE = """
@@ -98,7 +93,7 @@ def test_malformed_trace_lines_name_file_and_line(tmp_path: Path, line: str, fra
 # -- 12: the first error of a replay is the one reported ------------------------------------
 
 FAILING_HOOKS = """
-from kv_offload import hookimpl
+from kv_offload.plugins import hookimpl
 
 failed = []
 

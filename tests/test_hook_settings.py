@@ -23,7 +23,8 @@ KNOB = DistSpec(
     name="kv-offload-hook-knob-test",
     files={
         "kvo_knob_test.py": """
-            from kv_offload import ConfigError, hookimpl
+            from kv_offload import ConfigError
+            from kv_offload.plugins import hookimpl
 
             SETTINGS = {"greeting", "fail_create"}
 
@@ -57,7 +58,7 @@ PLAIN = DistSpec(
     name="kv-offload-hook-plain-test",
     files={
         "kvo_plain_test.py": """
-            from kv_offload import hookimpl
+            from kv_offload.plugins import hookimpl
 
             @hookimpl
             def kv_offload_shutdown():
@@ -72,7 +73,7 @@ CHILD = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from kv_offload import ConfigError, ReqContext, build_manager, load_config
-    from kv_offload import create_plugin_manager
+    from kv_offload.plugins import create_plugin_manager
 
     folder = Path(sys.argv[1])
     result = {}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kv_offload import ConfigError, CPUKVBuffer, InvalidArgumentError
+from kv_offload import ConfigError, CPUKVBuffer
+from kv_offload.errors import InvalidArgumentError
 
 NUM_BLOCKS = 16
 BLOCK = 96

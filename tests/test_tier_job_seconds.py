@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kv_offload import ReqContext, build_manager, create_plugin_manager, hookimpl, make_offload_key
+from kv_offload import ReqContext, build_manager, make_offload_key
+from kv_offload.plugins import create_plugin_manager, hookimpl
 
 DELAY = 0.02  # seconds per job on the faulty tier's serial device
 

@@ -1,65 +1,30 @@
 """kv-offload: KV-cache block offloading from GPU to CPU and slower tiers, with pluggable
-eviction policies, storage tiers and lifecycle hooks."""
+eviction policies, storage tiers and lifecycle hooks.
+
+``__all__`` is what an engine integrator imports: building a stack, calling it, reading its
+statistics, and the errors worth catching. Plugin authors import from the module of their
+kind (``kv_offload.policies``, ``kv_offload.tiering``, ``kv_offload.admission``,
+``kv_offload.plugins`` for hooks, ``kv_offload.errors``); each of those modules' ``__all__``
+is documented in docs/plugin-guide.md ("Plugin-author API"). Names this package exported
+before that split still import from here, with a ``DeprecationWarning`` naming their module.
+"""
 
 from __future__ import annotations
 
-from .async_lookup import AsyncLookup, AsyncLookupStats
+import importlib
+import warnings
+from typing import Any
+
 from .base import OffloadingManager
-from .block_status import BlockStatus
 from .buffer import CPUKVBuffer
 from .build import build_manager
 from .config import StackConfig, load_config
 from .cpu import CPUOffloadingManager
-from .errors import (
-    ConcurrentUseError,
-    ConfigError,
-    DuplicateRegistrationError,
-    HookError,
-    InvalidArgumentError,
-    InvalidKeyError,
-    KeyStateError,
-    KVOffloadError,
-    ManagerError,
-    PluginConflictError,
-    PluginError,
-    PluginImportError,
-    PluginNotFoundError,
-    PluginSettingsError,
-    PluginTypeError,
-    PluginValidationError,
-)
+from .errors import ConcurrentUseError, ConfigError, KVOffloadError, ManagerError, PluginError
 from .keys import OffloadKey, get_offload_block_hash, get_offload_group_idx, make_offload_key
-from .plugins import (
-    ExperimentalPluginWarning,
-    KVOffloadPluginManager,
-    PluginInfo,
-    create_plugin_manager,
-    get_plugin_manager,
-)
-from .plugins import hookspecs as hookspecs
-from .plugins.hookspecs import hookimpl, hookspec
-from .policies import CachePolicy, CachePolicyFactory
 from .synchronized import SynchronizedManager, synchronized
-from .tier_types import (
-    Locality,
-    Medium,
-    OffloadPolicy,
-    RequestOffloadingContext,
-    TierFilter,
-    TierMatcher,
-)
-from .tiering import (
-    JobDirection,
-    JobMetadata,
-    JobResult,
-    OffloadingConfig,
-    SecondaryTierFactory,
-    SecondaryTierManager,
-    TieringOffloadingManager,
-    TieringStats,
-    TierStats,
-)
-from .tiering.backpressure import BackpressureDetector, DropPolicy
+from .tier_types import OffloadPolicy, RequestOffloadingContext, TierFilter
+from .tiering import TieringOffloadingManager, TieringStats, TierStats
 from .types import (
     CPULoadStoreSpec,
     LoadStoreSpec,
@@ -68,73 +33,112 @@ from .types import (
     OffloadingStats,
     PrepareStoreOutput,
     ReqContext,
-    SizeHistogram,
 )
 
 __all__ = [
-    "AsyncLookup",
-    "AsyncLookupStats",
+    # building a stack
     "build_manager",
     "load_config",
-    "OffloadingManager",
     "StackConfig",
-    "BlockStatus",
-    "CPUKVBuffer",
-    "JobDirection",
-    "JobMetadata",
-    "JobResult",
-    "OffloadingConfig",
-    "SecondaryTierFactory",
-    "SecondaryTierManager",
-    "TieringOffloadingManager",
-    "TieringStats",
-    "TierStats",
-    "CachePolicy",
-    "CachePolicyFactory",
-    "ConcurrentUseError",
-    "ConfigError",
-    "create_plugin_manager",
-    "CPULoadStoreSpec",
+    # the managers
+    "OffloadingManager",
     "CPUOffloadingManager",
-    "DuplicateRegistrationError",
-    "ExperimentalPluginWarning",
-    "get_offload_block_hash",
-    "get_offload_group_idx",
-    "get_plugin_manager",
-    "HookError",
-    "hookimpl",
-    "hookspec",
-    "InvalidArgumentError",
-    "InvalidKeyError",
-    "KeyStateError",
-    "KVOffloadError",
-    "KVOffloadPluginManager",
-    "LoadStoreSpec",
-    "LookupResult",
-    "make_offload_key",
-    "ManagerError",
-    "OffloadingEvent",
-    "OffloadingStats",
-    "SizeHistogram",
-    "OffloadKey",
-    "PluginConflictError",
-    "PluginError",
-    "PluginImportError",
-    "PluginInfo",
-    "PluginNotFoundError",
-    "PluginSettingsError",
-    "PluginTypeError",
-    "PluginValidationError",
-    "PrepareStoreOutput",
-    "ReqContext",
+    "TieringOffloadingManager",
     "synchronized",
     "SynchronizedManager",
-    "BackpressureDetector",
-    "DropPolicy",
-    "Locality",
-    "Medium",
-    "OffloadPolicy",
+    "CPUKVBuffer",
+    # calling them
+    "ReqContext",
+    "OffloadKey",
+    "make_offload_key",
+    "get_offload_block_hash",
+    "get_offload_group_idx",
+    "LookupResult",
+    "LoadStoreSpec",
+    "CPULoadStoreSpec",
+    "PrepareStoreOutput",
     "RequestOffloadingContext",
+    "OffloadPolicy",
     "TierFilter",
-    "TierMatcher",
+    # what they report
+    "OffloadingEvent",
+    "OffloadingStats",
+    "TieringStats",
+    "TierStats",
+    # errors worth catching (every one: kv_offload.errors)
+    "KVOffloadError",
+    "ConfigError",
+    "ManagerError",
+    "PluginError",
+    "ConcurrentUseError",
 ]
+
+#: Names exported here before the integrator / plugin-author split -> the module that
+#: exports them now.
+_MOVED_TO: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "DuplicateRegistrationError",
+            "HookError",
+            "InvalidArgumentError",
+            "InvalidKeyError",
+            "KeyStateError",
+            "PluginConflictError",
+            "PluginImportError",
+            "PluginNotFoundError",
+            "PluginSettingsError",
+            "PluginTypeError",
+            "PluginValidationError",
+        ),
+        "kv_offload.errors",
+    ),
+    **dict.fromkeys(("BlockStatus", "CachePolicy", "CachePolicyFactory"), "kv_offload.policies"),
+    **dict.fromkeys(
+        (
+            "AsyncLookup",
+            "AsyncLookupStats",
+            "JobDirection",
+            "JobMetadata",
+            "JobResult",
+            "Locality",
+            "Medium",
+            "OffloadingConfig",
+            "SecondaryTierFactory",
+            "SecondaryTierManager",
+            "TierMatcher",
+        ),
+        "kv_offload.tiering",
+    ),
+    **dict.fromkeys(("BackpressureDetector", "DropPolicy"), "kv_offload.tiering.backpressure"),
+    **dict.fromkeys(
+        (
+            "ExperimentalPluginWarning",
+            "KVOffloadPluginManager",
+            "PluginInfo",
+            "create_plugin_manager",
+            "get_plugin_manager",
+            "hookimpl",
+            "hookspec",
+            "hookspecs",
+        ),
+        "kv_offload.plugins",
+    ),
+    "SizeHistogram": "kv_offload.types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MOVED_TO.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kv_offload' has no attribute {name!r}")
+    warnings.warn(
+        f"kv_offload.{name} moved: import it from {module} (from {module} import {name}); "
+        f"the old import stops working in a later release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MOVED_TO})

@@ -27,25 +27,25 @@ The contract, checked on every call because an admission is a plugin:
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import ConfigError, PluginError, PluginNotFoundError
 from .keys import OffloadKey
+from .plugins.construct import construct
 from .plugins.registry import PluginRegistry
 from .types import ReqContext
 
+#: The admission author's API (docs/plugin-guide.md, "Plugin-author API"); the rest of this
+#: module (the registry, the config-key handling) serves the core.
 __all__ = [
     "ADMISSION_ENTRY_POINT_GROUP",
     "AdmissionPolicy",
     "StoreThreshold",
-    "admission_registry",
     "build_admission",
-    "check_admission_keys",
     "checked_admit",
-    "configured_admission",
-    "overrides",
 ]
 
 ADMISSION_ENTRY_POINT_GROUP = "kv_offload.admission"
@@ -229,6 +229,22 @@ admission_registry: PluginRegistry[AdmissionPolicy] = PluginRegistry(
 )
 
 
+def _check_options(who: str, cls: type, options: dict[str, Any]) -> None:
+    """Options the admission's constructor does not take are a config error, found before it
+    is called (a ``TypeError`` from inside it is the plugin's own bug)."""
+    parameters = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(options) - set(parameters))
+    if unknown:
+        takes = sorted(set(parameters) - {"capacity_blocks"})
+        raise ConfigError(
+            f"{who} does not take the options {unknown}; it takes: "
+            f"{', '.join(takes) or 'no options'} (see the plugin's documentation)",
+            key="admission_options",
+        )
+
+
 def build_admission(
     name: str,
     options: dict[str, Any] | None = None,
@@ -241,28 +257,19 @@ def build_admission(
     ``options``; a bad option is a :class:`~kv_offload.errors.ConfigError` naming the
     admission and ``where`` it is configured (``"tier 'fs'"``, ``"the CPU tier"``)."""
     cls = admission_registry.resolve(name, module_path)
-    place = f" for {where}" if where else ""
+    place = f"for {where}" if where else ""
+    who = f"admission {name!r} {place}".rstrip()
+    _check_options(who, cls, options or {})
     try:
-        admission = cls(**(options or {}), capacity_blocks=capacity_blocks)
+        admission = construct(
+            "admission", name, cls, where=place, **(options or {}), capacity_blocks=capacity_blocks
+        )
     except ConfigError as exc:  # the plugin's own check of an option: say whose it is
-        raise ConfigError(f"admission {name!r}{place}: {exc}", key=exc.key) from exc
-    except PluginError:
-        raise
-    except TypeError as exc:
-        raise ConfigError(
-            f"admission {name!r}{place} does not take the options {sorted(options or {})}: "
-            f"{exc}; see the plugin's documentation for its admission_options"
-        ) from None
-    except Exception as exc:
-        raise PluginError(
-            f"admission {name!r}{place} failed to initialise: {type(exc).__name__}: {exc}",
-            kind="admission",
-            plugin=name,
-        ) from exc
+        raise ConfigError(f"{who}: {exc}", key=exc.key) from exc
     if not isinstance(admission, AdmissionPolicy):
         raise PluginError(
-            f"admission {name!r}{place} built a {type(admission).__name__}, not an "
-            f"AdmissionPolicy; subclass kv_offload.admission.AdmissionPolicy",
+            f"{who} built a {type(admission).__name__}, not an AdmissionPolicy; subclass "
+            f"kv_offload.admission.AdmissionPolicy",
             kind="admission",
             plugin=name,
         )

@@ -41,7 +41,7 @@ class OffloadingManager(ABC):
 
     Every method validates its whole input before changing anything: a call that raises a
     :class:`~kv_offload.ManagerError` leaves the manager as it was. A hook plugin that raises
-    in an event hook is reported as :class:`~kv_offload.HookError` after the call's effect
+    in an event hook is reported as :class:`~kv_offload.errors.HookError` after the call's effect
     took place (see :mod:`kv_offload.plugins.dispatch`).
 
     Threads: a manager is driven by one thread (the scheduler's) and takes no lock. The

@@ -27,8 +27,8 @@ from typing import Any
 from .config import StackConfig
 from .config.memory import human, physical_memory_bytes
 from .errors import ConfigError, KVOffloadError
-from .tier import OffloadingConfig
 from .tiering import SecondaryTierFactory
+from .tiering.base import OffloadingConfig
 
 __all__ = [
     "DISK_SHARE",

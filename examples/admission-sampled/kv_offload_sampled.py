@@ -8,10 +8,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from kv_offload import OffloadKey, ReqContext
 from kv_offload.admission import AdmissionPolicy
 from kv_offload.errors import ConfigError
-from kv_offload.keys import OffloadKey
-from kv_offload.types import ReqContext
 
 
 class SampledAdmission(AdmissionPolicy):

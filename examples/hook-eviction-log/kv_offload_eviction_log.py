@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from kv_offload import OffloadKey, ReqContext, get_offload_block_hash, hookimpl
+from kv_offload import OffloadKey, ReqContext, get_offload_block_hash
+from kv_offload.plugins import hookimpl
 
 logger = logging.getLogger("kv_offload.eviction_log")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from itertools import islice
 
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy
 
 __all__ = ["FIFOCachePolicy"]
 

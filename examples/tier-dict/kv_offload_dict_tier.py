@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from kv_offload import ConfigError, OffloadKey, ReqContext
-from kv_offload.tier import JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
+from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
 
 __all__ = ["DictTier"]
 

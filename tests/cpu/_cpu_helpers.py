@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from kv_offload import (
-    CachePolicyFactory,
     CPUOffloadingManager,
     KVOffloadError,
     LookupResult,
@@ -15,6 +14,7 @@ from kv_offload import (
     ReqContext,
     make_offload_key,
 )
+from kv_offload.policies import CachePolicyFactory
 
 POLICIES = ("lru", "arc")
 

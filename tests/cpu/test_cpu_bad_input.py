@@ -19,14 +19,8 @@ from _cpu_helpers import (
     lookups,
     store,
 )
-from kv_offload import (
-    ConfigError,
-    CPUOffloadingManager,
-    InvalidArgumentError,
-    InvalidKeyError,
-    KeyStateError,
-    ReqContext,
-)
+from kv_offload import ConfigError, CPUOffloadingManager, ReqContext
+from kv_offload.errors import InvalidArgumentError, InvalidKeyError, KeyStateError
 
 # -- bad input ---------------------------------------------------------------------------
 
@@ -281,7 +275,8 @@ def test_validation_does_not_rely_on_assert(policy: str) -> None:
         f"""
         import sys
         assert False, "unreachable without -O"
-        from kv_offload import CPUOffloadingManager, KeyStateError, ReqContext
+        from kv_offload import CPUOffloadingManager, ReqContext
+        from kv_offload.errors import KeyStateError
         m = CPUOffloadingManager(4, cache_policy={policy!r})
         ctx = ReqContext(req_id="r")
         try:

@@ -27,15 +27,13 @@ from _cpu_helpers import (
 from kv_offload import (
     CPULoadStoreSpec,
     CPUOffloadingManager,
-    InvalidArgumentError,
-    InvalidKeyError,
-    KeyStateError,
     ManagerError,
     OffloadingEvent,
     OffloadingStats,
     PrepareStoreOutput,
     ReqContext,
 )
+from kv_offload.errors import InvalidArgumentError, InvalidKeyError, KeyStateError
 
 # -- request flow ------------------------------------------------------------------------
 

@@ -13,15 +13,10 @@ from __future__ import annotations
 
 import pytest
 from _cpu_helpers import CTX, HIT, MISS, PENDING, assert_raises_intact, k
-from kv_offload import (
-    ConfigError,
-    CPUOffloadingManager,
-    InvalidArgumentError,
-    TieringOffloadingManager,
-    build_manager,
-    hookimpl,
-)
+from kv_offload import ConfigError, CPUOffloadingManager, TieringOffloadingManager, build_manager
 from kv_offload.admission import StoreThreshold
+from kv_offload.errors import InvalidArgumentError
+from kv_offload.plugins import hookimpl
 
 
 def ks(*ids: int) -> list[bytes]:

@@ -23,16 +23,14 @@ from _threads import run_threads as threading_run
 from kv_offload import (
     ConcurrentUseError,
     CPUOffloadingManager,
-    HookError,
-    KeyStateError,
     KVOffloadError,
     OffloadingManager,
     ReqContext,
     SynchronizedManager,
-    create_plugin_manager,
-    hookimpl,
     synchronized,
 )
+from kv_offload.errors import HookError, KeyStateError
+from kv_offload.plugins import create_plugin_manager, hookimpl
 
 
 @dataclass

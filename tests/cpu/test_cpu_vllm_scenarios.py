@@ -15,10 +15,10 @@ from kv_offload import (
     CPUOffloadingManager,
     OffloadingEvent,
     PrepareStoreOutput,
-    SizeHistogram,
     TieringOffloadingManager,
     build_manager,
 )
+from kv_offload.types import SizeHistogram
 
 
 def ks(*ids: int) -> list[bytes]:

@@ -22,16 +22,14 @@ from hypothesis.stateful import (
     rule,
 )
 from kv_offload import (
-    CachePolicyFactory,
     CPUOffloadingManager,
-    InvalidArgumentError,
-    InvalidKeyError,
-    KeyStateError,
     KVOffloadError,
     LookupResult,
     ReqContext,
     make_offload_key,
 )
+from kv_offload.errors import InvalidArgumentError, InvalidKeyError, KeyStateError
+from kv_offload.policies import CachePolicyFactory
 
 NUM_KEYS = 12
 UNIVERSE = [make_offload_key(i) for i in range(NUM_KEYS)]

@@ -11,18 +11,15 @@ import numpy as np
 import pytest
 from kv_offload import (
     ConfigError,
-    JobDirection,
-    JobMetadata,
-    OffloadingConfig,
-    PluginNotFoundError,
     ReqContext,
-    SecondaryTierFactory,
     TieringOffloadingManager,
     build_manager,
     load_config,
     make_offload_key,
 )
+from kv_offload.errors import PluginNotFoundError
 from kv_offload.replay import replay
+from kv_offload.tiering import JobDirection, JobMetadata, OffloadingConfig, SecondaryTierFactory
 from kv_offload_example_tier import ExampleSecondaryTierManager
 from kv_offload_faulty_tier import FaultyTier, InjectedFault
 

@@ -12,12 +12,12 @@ from _tiers import block_bytes, expected_rows, key
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
-    OffloadingConfig,
     OffloadKey,
     ReqContext,
     TieringOffloadingManager,
     build_manager,
 )
+from kv_offload.tiering import OffloadingConfig
 from kv_offload_fs_tier import FileSystemTier
 
 __all__ = [

@@ -31,14 +31,8 @@ from _fs import (
     temporary_files,
 )
 from _tiers import expected_rows, key
-from kv_offload import (
-    ConfigError,
-    CPUOffloadingManager,
-    JobDirection,
-    JobMetadata,
-    ReqContext,
-    build_manager,
-)
+from kv_offload import ConfigError, CPUOffloadingManager, ReqContext, build_manager
+from kv_offload.tiering import JobDirection, JobMetadata
 from kv_offload_fs_tier import FileSystemTier, _format, _io
 
 

@@ -12,14 +12,8 @@ from typing import Any
 import pytest
 from _fs import BLOCK, HIT, block_files, check_no_leaks, promote, store
 from _tiers import key
-from kv_offload import (
-    ConfigError,
-    ReqContext,
-    TieringOffloadingManager,
-    build_manager,
-    create_plugin_manager,
-    hookimpl,
-)
+from kv_offload import ConfigError, ReqContext, TieringOffloadingManager, build_manager
+from kv_offload.plugins import create_plugin_manager, hookimpl
 from kv_offload_fs_tier import FileSystemTier
 from test_cli import TRACE, kvo
 

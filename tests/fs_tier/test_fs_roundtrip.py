@@ -26,14 +26,13 @@ from _fs import (
 from _tiers import key
 from kv_offload import (
     CPUOffloadingManager,
-    OffloadingConfig,
     ReqContext,
     TieringOffloadingManager,
     build_manager,
-    create_plugin_manager,
-    hookimpl,
     make_offload_key,
 )
+from kv_offload.plugins import create_plugin_manager, hookimpl
+from kv_offload.tiering import OffloadingConfig
 from kv_offload_fs_tier import FileSystemTier
 
 

@@ -16,16 +16,8 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from kv_offload import (
-    CPUOffloadingManager,
-    JobDirection,
-    JobMetadata,
-    JobResult,
-    OffloadingConfig,
-    OffloadKey,
-    ReqContext,
-    make_offload_key,
-)
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
+from kv_offload.tiering import JobDirection, JobMetadata, JobResult, OffloadingConfig
 from kv_offload_fs_tier import FileSystemTier
 
 BLOCK = 512

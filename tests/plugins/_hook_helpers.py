@@ -5,13 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kv_offload import (
-    BackpressureDetector,
     CPUOffloadingManager,
-    JobMetadata,
-    JobResult,
-    KVOffloadPluginManager,
     LookupResult,
-    OffloadingConfig,
     OffloadKey,
     OffloadPolicy,
     ReqContext,
@@ -20,7 +15,9 @@ from kv_offload import (
     get_offload_block_hash,
     make_offload_key,
 )
-from kv_offload.tiering.backpressure import DropAll
+from kv_offload.plugins import KVOffloadPluginManager
+from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig
+from kv_offload.tiering.backpressure import BackpressureDetector, DropAll
 from kv_offload.tiering.cascade_gate import CascadeGate
 from kv_offload.tiering.promotions import PromotionLimits
 from kv_offload_example_tier import ExampleSecondaryTierManager

@@ -17,14 +17,9 @@ from _hook_helpers import (
     store,
 )
 from _hook_plugins import SeenTwiceAdmission
-from kv_offload import (
-    CPUOffloadingManager,
-    HookError,
-    KVOffloadPluginManager,
-    OffloadKey,
-    ReqContext,
-    hookimpl,
-)
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.errors import HookError
+from kv_offload.plugins import KVOffloadPluginManager, hookimpl
 from kv_offload.replay import replay
 
 # -- store admission --------------------------------------------------------------------------

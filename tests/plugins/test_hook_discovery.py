@@ -31,7 +31,7 @@ import json
 import os
 from pathlib import Path
 
-from kv_offload import hookimpl
+from kv_offload.plugins import hookimpl
 
 NAME = {name!r}
 
@@ -102,7 +102,8 @@ CHILD = (
     DESCRIBE_EXCEPTION
     + f"""
 import json, sys, warnings
-from kv_offload import CPUOffloadingManager, ReqContext, get_plugin_manager, make_offload_key
+from kv_offload import CPUOffloadingManager, ReqContext, make_offload_key
+from kv_offload.plugins import get_plugin_manager
 
 result = {{}}
 warnings.simplefilter("always")

@@ -21,15 +21,14 @@ from _hook_plugins import SPECS, RecordingPlugin
 from hook_observers import plugin_class
 from kv_offload import (
     CPUOffloadingManager,
-    HookError,
-    KVOffloadPluginManager,
     LookupResult,
     ManagerError,
     PluginError,
     ReqContext,
     TieringOffloadingManager,
-    hookimpl,
 )
+from kv_offload.errors import HookError
+from kv_offload.plugins import KVOffloadPluginManager, hookimpl
 
 # -- a raising plugin -------------------------------------------------------------------------
 

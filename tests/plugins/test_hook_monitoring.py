@@ -9,14 +9,9 @@ from typing import Any
 
 import pluggy
 import pytest
-from kv_offload import (
-    CPUOffloadingManager,
-    HookError,
-    KVOffloadPluginManager,
-    ReqContext,
-    hookimpl,
-    make_offload_key,
-)
+from kv_offload import CPUOffloadingManager, ReqContext, make_offload_key
+from kv_offload.errors import HookError
+from kv_offload.plugins import KVOffloadPluginManager, hookimpl
 
 CTX = ReqContext("r")
 

@@ -17,21 +17,18 @@ from _hook_helpers import (
     store,
 )
 from _hook_plugins import NoOpObserver
-from kv_offload import (
-    CachePolicyFactory,
-    CPUOffloadingManager,
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.config.env import EnvironmentOverrideWarning
+from kv_offload.errors import PluginImportError, PluginValidationError
+from kv_offload.plugins import (
+    BrokenPluginWarning,
     KVOffloadPluginManager,
-    OffloadKey,
-    PluginImportError,
-    PluginValidationError,
-    ReqContext,
     create_plugin_manager,
     get_plugin_manager,
     hookimpl,
 )
-from kv_offload.config.env import EnvironmentOverrideWarning
-from kv_offload.plugins import BrokenPluginWarning
 from kv_offload.plugins import loading as hooks_module
+from kv_offload.policies import CachePolicyFactory
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 # -- registration -----------------------------------------------------------------------------
@@ -91,7 +88,7 @@ def test_module_plugin_and_subset_of_arguments(
 ) -> None:
     name = make_module(
         """
-        from kv_offload import hookimpl
+        from kv_offload.plugins import hookimpl
 
         seen = []
 
@@ -109,7 +106,7 @@ def test_module_plugin_and_subset_of_arguments(
 # -- policies and tiers that implement hooks --------------------------------------------------
 
 HOOKED_POLICY = """
-from kv_offload import hookimpl
+from kv_offload.plugins import hookimpl
 from kv_offload_lru import LRUCachePolicy
 
 
@@ -167,7 +164,7 @@ def test_policy_with_invalid_hookimpl_fails_the_manager(
 ) -> None:
     name = make_module(
         """
-        from kv_offload import hookimpl
+        from kv_offload.plugins import hookimpl
         from kv_offload_lru import LRUCachePolicy
 
         class BadHookLRU(LRUCachePolicy):
@@ -224,7 +221,7 @@ def test_tier_reacting_to_cpu_evictions(pm: KVOffloadPluginManager) -> None:
 # -- plugin discovery switches (fake entry points; real distributions: test_hook_discovery) --
 
 PLUGIN_MODULE = """
-from kv_offload import hookimpl
+from kv_offload.plugins import hookimpl
 
 stored = []
 

@@ -34,15 +34,8 @@ from _hook_helpers import (
     store,
 )
 from _hook_plugins import EVENT_HOOKS, SPECS, NoOpObserver, RecordingPlugin
-from kv_offload import (
-    CPUOffloadingManager,
-    KVOffloadPluginManager,
-    OffloadKey,
-    ReqContext,
-    create_plugin_manager,
-    hookimpl,
-    hookspecs,
-)
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.plugins import KVOffloadPluginManager, create_plugin_manager, hookimpl, hookspecs
 
 # -- the scripted scenario --------------------------------------------------------------------
 

@@ -11,17 +11,12 @@ from pathlib import Path
 
 import pytest
 from _dists import ModuleFactory
-from kv_offload import (
-    ConfigError,
-    CPUOffloadingManager,
-    OffloadingConfig,
-    SecondaryTierFactory,
-    create_plugin_manager,
-    load_config,
-)
+from kv_offload import ConfigError, CPUOffloadingManager, load_config
 from kv_offload.config.env import EnvironmentOverrideWarning
+from kv_offload.plugins import create_plugin_manager
 from kv_offload.plugins import loading as hooks_module
 from kv_offload.tier_types import Locality
+from kv_offload.tiering import OffloadingConfig, SecondaryTierFactory
 from kv_offload.tiering.cascade_gate import build_gate
 from test_hook_registration import fake_entry_points, loaded
 

@@ -7,15 +7,9 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-from kv_offload import (
-    CachePolicy,
-    CPUOffloadingManager,
-    LookupResult,
-    OffloadKey,
-    ReqContext,
-    make_offload_key,
-)
+from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext, make_offload_key
 from kv_offload.block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
+from kv_offload.policies import CachePolicy
 
 CTX = ReqContext(req_id="test")
 P = TypeVar("P", bound=CachePolicy)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 from _policy_harness import k, run_request
-from kv_offload import CachePolicy, CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.policies import CachePolicy
 from kv_offload.policies.base import splits_victims
 from kv_offload.policies.factory import CachePolicyFactory
 from kv_offload_lru import LRUCachePolicy
@@ -73,7 +74,7 @@ def test_rejected_store_reports_access_and_miss_but_bad_input_reports_nothing(
 
 
 def test_a_store_admission_hook_filters_before_on_store_miss(recording: None) -> None:
-    from kv_offload import create_plugin_manager, hookimpl
+    from kv_offload.plugins import create_plugin_manager, hookimpl
 
     class OnlyEven:
         @hookimpl

@@ -246,7 +246,7 @@ print(json.dumps(result))
     fresh = run(
         env,
         """
-from kv_offload.plugins import KNOWN_DISTRIBUTIONS
+from kv_offload.plugins.registry import KNOWN_DISTRIBUTIONS
 result = {"plain": attempt(lambda: CPUOffloadingManager(3, cache_policy="fifo"))}
 KNOWN_DISTRIBUTIONS[("policy", "fifo")] = "kv-offload-fifo-test"
 result["known"] = attempt(lambda: CPUOffloadingManager(3, cache_policy="fifo"))
@@ -307,7 +307,7 @@ def test_broken_plugin_listed_without_importing_it(env: PluginEnv) -> None:
     result = run(
         env,
         """
-from kv_offload import PluginInfo
+from kv_offload.plugins import PluginInfo
 listed = infos("broken")
 before = imported("kv_offload_broken_test")
 checked = CachePolicyFactory.registry.check(PluginInfo(**listed[0]))
@@ -383,7 +383,7 @@ print(json.dumps({
     assert "entry point kv_offload_notsub_test:NotAPolicy of kv-offload-notsub-test 0.3.0" in (
         message
     )
-    assert "not a subclass of kv_offload.CachePolicy" in message
+    assert "not a subclass of kv_offload.policies.CachePolicy" in message
 
     typo = result["typo"]
     assert typo["type"] == "PluginImportError"

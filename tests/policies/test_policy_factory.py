@@ -15,23 +15,22 @@ from importlib import metadata
 import pytest
 from _dists import DESCRIBE_EXCEPTION, ModuleFactory
 from kv_offload import (
-    CachePolicy,
-    CachePolicyFactory,
     CPUOffloadingManager,
-    DuplicateRegistrationError,
-    ExperimentalPluginWarning,
     KVOffloadError,
     LookupResult,
     PluginError,
-    PluginImportError,
-    PluginInfo,
-    PluginNotFoundError,
-    PluginTypeError,
     ReqContext,
     make_offload_key,
 )
-from kv_offload.plugins import KNOWN_DISTRIBUTIONS
-from kv_offload.policies import POLICY_ENTRY_POINT_GROUP
+from kv_offload.errors import (
+    DuplicateRegistrationError,
+    PluginImportError,
+    PluginNotFoundError,
+    PluginTypeError,
+)
+from kv_offload.plugins import ExperimentalPluginWarning, PluginInfo
+from kv_offload.plugins.registry import KNOWN_DISTRIBUTIONS
+from kv_offload.policies import POLICY_ENTRY_POINT_GROUP, CachePolicy, CachePolicyFactory
 
 #: (policy name, distribution, top-level module) of the policies the project publishes.
 INSTALLED = [
@@ -44,7 +43,7 @@ INSTALLED_IDS = [name for name, _, _ in INSTALLED]
 POLICIES_SOURCE = '''
 from collections import OrderedDict
 
-from kv_offload import CachePolicy
+from kv_offload.policies import CachePolicy
 
 
 class _OrderedPolicy(CachePolicy):
@@ -518,7 +517,7 @@ def test_registered_non_subclass_raises_type_error(
     message = str(err)
     assert "policy 'impostor'" in message
     assert f"registered as {policies_module}:{attr}" in message
-    assert "not a subclass of kv_offload.CachePolicy" in message
+    assert "not a subclass of kv_offload.policies.CachePolicy" in message
 
 
 def test_module_path_non_subclass_raises_type_error_without_warning(
@@ -527,7 +526,8 @@ def test_module_path_non_subclass_raises_type_error_without_warning(
     module = make_module(POLICIES_SOURCE + "\nImpostor = NotAPolicy\n")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(PluginTypeError, match=r"not a subclass of kv_offload\.CachePolicy"):
+        expected = r"not a subclass of kv_offload\.policies\.CachePolicy"
+        with pytest.raises(PluginTypeError, match=expected):
             CachePolicyFactory.get_cache_policy_cls("Impostor", module)
     assert not [w for w in caught if issubclass(w.category, ExperimentalPluginWarning)]
 
@@ -539,7 +539,7 @@ def test_type_check_survives_python_O(make_module: ModuleFactory) -> None:
     code = f"""
 import json, sys
 sys.path.insert(0, {folder!r})
-from kv_offload import CachePolicyFactory
+from kv_offload.policies import CachePolicyFactory
 {DESCRIBE_EXCEPTION}
 results = {{"optimize": sys.flags.optimize}}
 CachePolicyFactory.register_cache_policy("impostor", {module!r}, "NotAPolicy")
@@ -562,7 +562,7 @@ print(json.dumps(results))
     for label in ("registered", "module_path"):
         assert results[label]["type"] == "PluginTypeError", results[label]
         assert "TypeError" in results[label]["mro"]
-        assert "not a subclass of kv_offload.CachePolicy" in results[label]["message"]
+        assert "not a subclass of kv_offload.policies.CachePolicy" in results[label]["message"]
 
 
 # -- listing --------------------------------------------------------------------------------
@@ -589,7 +589,7 @@ def test_available_policies_lists_installed(name: str, dist: str, module: str) -
 def test_available_policies_imports_no_plugin() -> None:
     code = """
 import json, sys
-from kv_offload import CachePolicyFactory
+from kv_offload.policies import CachePolicyFactory
 infos = CachePolicyFactory.available_policies()
 print(json.dumps({
     "names": sorted(i.name for i in infos),

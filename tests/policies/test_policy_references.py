@@ -7,7 +7,8 @@ import random
 
 import pytest
 from _policy_harness import k
-from kv_offload import CachePolicyFactory, CPUOffloadingManager, LookupResult, ReqContext
+from kv_offload import CPUOffloadingManager, LookupResult, ReqContext
+from kv_offload.policies import CachePolicyFactory
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,8 @@ from pathlib import Path
 import pytest
 from _policy_harness import Blocks, k, run_request
 from _scheduler_flow import kv_offload_side, run_flow
-from kv_offload import (
-    CachePolicyFactory,
-    CPUOffloadingManager,
-    OffloadKey,
-    ReqContext,
-    build_manager,
-)
+from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, build_manager
+from kv_offload.policies import CachePolicyFactory
 from kv_offload.replay import replay
 from kv_offload.trace import read_trace
 from kv_offload_lru import PrefixLRUCachePolicy

@@ -7,13 +7,8 @@ from __future__ import annotations
 
 import pytest
 from _policy_harness import k
-from kv_offload import (
-    CachePolicyFactory,
-    CPUOffloadingManager,
-    LookupResult,
-    OffloadKey,
-    ReqContext,
-)
+from kv_offload import CPUOffloadingManager, LookupResult, OffloadKey, ReqContext
+from kv_offload.policies import CachePolicyFactory
 from kv_offload_arc import ARCCachePolicy
 from kv_offload_vllm_arc import VLLMARCCachePolicy
 

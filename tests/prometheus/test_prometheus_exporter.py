@@ -26,14 +26,8 @@ from typing import Any
 
 import prometheus_client
 import pytest
-from kv_offload import (
-    ConfigError,
-    ReqContext,
-    TieringOffloadingManager,
-    build_manager,
-    hookimpl,
-    load_config,
-)
+from kv_offload import ConfigError, ReqContext, TieringOffloadingManager, build_manager, load_config
+from kv_offload.plugins import hookimpl
 from kv_offload.replay import replay
 from kv_offload.trace import read_trace
 from prometheus_client.parser import text_string_to_metric_families

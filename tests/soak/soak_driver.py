@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 from kv_offload import (
-    HookError,
     LookupResult,
     OffloadKey,
     ReqContext,
     TieringOffloadingManager,
     make_offload_key,
 )
+from kv_offload.errors import HookError
 
 HIT, PENDING = LookupResult.HIT, LookupResult.PENDING
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from _redis_servers import RedisServer, slot_owners
-from kv_offload import TieringOffloadingManager, hookimpl
+from kv_offload import TieringOffloadingManager
+from kv_offload.plugins import hookimpl
 from kv_offload_faulty_tier import FaultyTier
 
 

@@ -17,14 +17,12 @@ import pytest
 from _tiers import RecordingTier, block_bytes, faulty_tier, key
 from kv_offload import (
     CPUOffloadingManager,
-    JobMetadata,
-    JobResult,
     LookupResult,
-    OffloadingConfig,
     OffloadKey,
     ReqContext,
     TieringOffloadingManager,
 )
+from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig
 from kv_offload.tiering.promotions import PromotionLimits
 from kv_offload_example_tier import ExampleSecondaryTierManager
 

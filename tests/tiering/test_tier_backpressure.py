@@ -15,13 +15,9 @@ from typing import Any
 
 import pytest
 from kv_offload import (
-    BackpressureDetector,
     ConfigError,
     CPUOffloadingManager,
-    JobMetadata,
-    JobResult,
     LookupResult,
-    OffloadingConfig,
     OffloadPolicy,
     ReqContext,
     RequestOffloadingContext,
@@ -31,9 +27,11 @@ from kv_offload import (
     make_offload_key,
 )
 from kv_offload.tier_types import Locality
+from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig
 from kv_offload.tiering.backpressure import (
     DEFAULT_WATER_MARKS,
     MIB,
+    BackpressureDetector,
     DropAll,
     EMADetector,
     ThrottledDrop,

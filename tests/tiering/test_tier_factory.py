@@ -12,30 +12,29 @@ from importlib import metadata
 import numpy as np
 import pytest
 from _dists import DESCRIBE_EXCEPTION, DistSpec, ModuleFactory, PluginEnv
-from kv_offload import (
-    ConfigError,
-    CPUKVBuffer,
+from kv_offload import ConfigError, CPUKVBuffer, ReqContext, make_offload_key
+from kv_offload.errors import (
     DuplicateRegistrationError,
-    ExperimentalPluginWarning,
-    JobDirection,
-    JobMetadata,
-    OffloadingConfig,
     PluginImportError,
     PluginNotFoundError,
     PluginTypeError,
-    ReqContext,
+)
+from kv_offload.plugins import ExperimentalPluginWarning
+from kv_offload.tiering import (
+    TIER_ENTRY_POINT_GROUP,
+    JobDirection,
+    JobMetadata,
+    OffloadingConfig,
     SecondaryTierFactory,
     SecondaryTierManager,
-    make_offload_key,
 )
-from kv_offload.tiering import TIER_ENTRY_POINT_GROUP
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 CONFIG = OffloadingConfig(num_blocks=8, block_size_bytes=64)
 
 #: Tier classes for module_path and registration tests, written to a real module per test.
 TIERS_SOURCE = '''
-from kv_offload import JobResult, SecondaryTierManager
+from kv_offload.tiering import JobResult, SecondaryTierManager
 
 
 class _Base(SecondaryTierManager):
@@ -336,7 +335,7 @@ DICT_TIER_SOURCE = '''
 """A third-party tier: blocks as bytes in a dict, copied at submit time."""
 import numpy as np
 
-from kv_offload import JobResult, SecondaryTierManager
+from kv_offload.tiering import JobResult, SecondaryTierManager
 
 
 class DictTier(SecondaryTierManager):

@@ -24,12 +24,12 @@ from _tiers import block_bytes, faulty_tier, held_blocks, key
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
-    OffloadingConfig,
     OffloadKey,
     ReqContext,
     TieringOffloadingManager,
 )
 from kv_offload.buffer import CPUKVBuffer
+from kv_offload.tiering import OffloadingConfig
 from kv_offload.tiering.writes import WritePolicy
 from kv_offload_faulty_tier import FaultyTier
 

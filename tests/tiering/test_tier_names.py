@@ -11,17 +11,9 @@ from typing import Any
 
 import pytest
 from _tiers import expected_rows, key
-from kv_offload import (
-    ConfigError,
-    OffloadingConfig,
-    ReqContext,
-    SecondaryTierFactory,
-    TieringOffloadingManager,
-    build_manager,
-    create_plugin_manager,
-    hookimpl,
-    load_config,
-)
+from kv_offload import ConfigError, ReqContext, TieringOffloadingManager, build_manager, load_config
+from kv_offload.plugins import create_plugin_manager, hookimpl
+from kv_offload.tiering import OffloadingConfig, SecondaryTierFactory
 from kv_offload.tiering.names import tier_names
 from kv_offload_example_tier import ExampleSecondaryTierManager
 

@@ -15,23 +15,25 @@ import pytest
 from _tiers import RecordingTier
 from kv_offload import (
     CPUOffloadingManager,
-    InvalidArgumentError,
-    JobDirection,
-    JobMetadata,
-    Locality,
     LookupResult,
-    Medium,
-    OffloadingConfig,
     OffloadKey,
     OffloadPolicy,
     ReqContext,
     RequestOffloadingContext,
-    SecondaryTierManager,
     TierFilter,
     TieringOffloadingManager,
-    TierMatcher,
     build_manager,
     make_offload_key,
+)
+from kv_offload.errors import InvalidArgumentError
+from kv_offload.tiering import (
+    JobDirection,
+    JobMetadata,
+    Locality,
+    Medium,
+    OffloadingConfig,
+    SecondaryTierManager,
+    TierMatcher,
 )
 
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -368,12 +370,12 @@ class Answering(SecondaryTierManager):
         return self.answer
 
     def submit_store(self, job: JobMetadata) -> None:
-        from kv_offload import JobResult
+        from kv_offload.tiering import JobResult
 
         self.finished.append(JobResult(job.job_id, True))
 
     def submit_load(self, job: JobMetadata) -> None:
-        from kv_offload import JobResult
+        from kv_offload.tiering import JobResult
 
         self.finished.append(JobResult(job.job_id, True))
 

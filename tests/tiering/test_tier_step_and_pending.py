@@ -10,13 +10,12 @@ import pytest
 from _tiers import RecordingTier, expected_rows, key
 from kv_offload import (
     CPUOffloadingManager,
-    JobMetadata,
     LookupResult,
-    OffloadingConfig,
     OffloadKey,
     ReqContext,
     TieringOffloadingManager,
 )
+from kv_offload.tiering import JobMetadata, OffloadingConfig
 
 BLOCK = 64
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING

@@ -14,13 +14,13 @@ from _tiers import block_bytes, faulty_tier, key
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
-    OffloadingConfig,
     ReqContext,
     TieringOffloadingManager,
     build_manager,
 )
 from kv_offload.errors import InvalidArgumentError, InvalidKeyError, KeyStateError, ManagerError
 from kv_offload.tier_types import TierFilter
+from kv_offload.tiering import OffloadingConfig
 
 HIT = LookupResult.HIT
 BLOCK = 256

@@ -7,7 +7,6 @@ import pytest
 from _tiers import RecordingTier, expected_rows, key
 from kv_offload import (
     CPUOffloadingManager,
-    OffloadingConfig,
     OffloadingEvent,
     OffloadingManager,
     OffloadKey,
@@ -15,6 +14,7 @@ from kv_offload import (
     TieringOffloadingManager,
     build_manager,
 )
+from kv_offload.tiering import OffloadingConfig
 
 BLOCK = 64
 

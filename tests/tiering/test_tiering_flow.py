@@ -18,17 +18,14 @@ from _tiers import RecordingTier, block_bytes, expected_rows, faulty_tier, key
 from kv_offload import (
     ConfigError,
     CPUOffloadingManager,
-    JobDirection,
-    JobMetadata,
-    KeyStateError,
     LookupResult,
     ManagerError,
-    OffloadingConfig,
     OffloadKey,
     ReqContext,
-    SecondaryTierFactory,
     TieringOffloadingManager,
 )
+from kv_offload.errors import KeyStateError
+from kv_offload.tiering import JobDirection, JobMetadata, OffloadingConfig, SecondaryTierFactory
 from kv_offload_example_tier import ExampleSecondaryTierManager
 from kv_offload_faulty_tier import InjectedFault
 

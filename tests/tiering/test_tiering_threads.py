@@ -24,19 +24,17 @@ from _tiers import key
 from kv_offload import (
     ConcurrentUseError,
     CPUOffloadingManager,
-    HookError,
-    KeyStateError,
     LookupResult,
-    OffloadingConfig,
     OffloadingManager,
     ReqContext,
     TieringOffloadingManager,
     build_manager,
-    create_plugin_manager,
-    hookimpl,
     synchronized,
 )
+from kv_offload.errors import HookError, KeyStateError
+from kv_offload.plugins import create_plugin_manager, hookimpl
 from kv_offload.replay import replay
+from kv_offload.tiering import OffloadingConfig
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 HIT, PENDING = LookupResult.HIT, LookupResult.PENDING

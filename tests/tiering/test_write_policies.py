@@ -18,7 +18,6 @@ from _dists import ModuleFactory
 from _tiers import block_bytes, key
 from kv_offload import (
     ConfigError,
-    ExperimentalPluginWarning,
     LookupResult,
     PluginError,
     ReqContext,
@@ -27,6 +26,7 @@ from kv_offload import (
     load_config,
 )
 from kv_offload.admission import StoreThreshold, build_admission, checked_admit
+from kv_offload.plugins import ExperimentalPluginWarning
 
 BLOCK = 64
 HIT, MISS, PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
@@ -185,7 +185,8 @@ def test_reset_and_shutdown_wait_for_write_backs() -> None:
 
 
 def test_write_back_needs_staging_rows_when_built_by_hand() -> None:
-    from kv_offload import CPUOffloadingManager, OffloadingConfig
+    from kv_offload import CPUOffloadingManager
+    from kv_offload.tiering import OffloadingConfig
     from kv_offload.tiering.writes import WritePolicy
     from kv_offload_example_tier import ExampleSecondaryTierManager
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from _vllm import require_vllm
-from kv_offload import get_plugin_manager, hookimpl
+from kv_offload.plugins import get_plugin_manager, hookimpl
 
 require_vllm("vllm.v1.core.sched.scheduler", needs_torch=True)
 

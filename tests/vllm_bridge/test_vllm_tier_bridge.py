@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 from _vllm import require_vllm
-from kv_offload import SecondaryTierFactory, get_plugin_manager, hookimpl
+from kv_offload.plugins import get_plugin_manager, hookimpl
 from kv_offload.replay import block_bytes
+from kv_offload.tiering import SecondaryTierFactory
 
 vllm_spec_factory = require_vllm("vllm.v1.kv_offload.factory", needs_torch=True)
 vllm_base = require_vllm("vllm.v1.kv_offload.base")
@@ -270,7 +271,7 @@ import threading
 import time
 
 import numpy as np
-from kv_offload import JobResult, SecondaryTierManager
+from kv_offload.tiering import JobResult, SecondaryTierManager
 
 
 class SlowTier(SecondaryTierManager):

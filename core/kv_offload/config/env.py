@@ -10,7 +10,7 @@ the last word over what a config file asks for.
   something the config set is reported with an :class:`EnvironmentOverrideWarning`.
 
 The variables are read by :mod:`kv_offload.plugins.env`, the same way for a stack built
-without a config (:func:`~kv_offload.create_plugin_manager`, ``cache_policy_module_path``).
+without a config (:func:`~kv_offload.plugins.create_plugin_manager`, ``cache_policy_module_path``).
 """
 
 from __future__ import annotations

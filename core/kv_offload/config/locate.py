@@ -99,9 +99,17 @@ def read_config_text(source: str) -> str | None:
         return None
 
 
+def closest(word: str, known: set[str]) -> str | None:
+    """The name in ``known`` closest to a misspelt ``word``, if one is close enough: the one
+    rule behind every "did you mean" of the project (config keys, plugin names)."""
+    close = difflib.get_close_matches(word, sorted(known), n=1)
+    return close[0] if close else None
+
+
 def did_you_mean(key: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    """``"; did you mean 'x'?"`` for :func:`closest`'s answer, else ``""``."""
+    close = closest(key, known)
+    return f"; did you mean {close!r}?" if close else ""
 
 
 class Validator:

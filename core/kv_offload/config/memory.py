@@ -3,9 +3,9 @@
 The estimate adds the CPU KV buffer (``num_blocks x block_size_bytes``), the manager's
 bookkeeping at full occupancy (:data:`BOOKKEEPING_BYTES_PER_BLOCK`, the order of what
 ``benchmarks/memory.py`` measures for the bundled policies) and what each in-memory tier
-reports through :meth:`~kv_offload.SecondaryTierManager.memory_bytes`. A stack that cannot fit
-in the machine's physical memory is refused with the figures, instead of failing half-built
-with a bare ``MemoryError``.
+reports through :meth:`~kv_offload.tiering.SecondaryTierManager.memory_bytes`. A stack that
+cannot fit in the machine's physical memory is refused with the figures, instead of failing
+half-built with a bare ``MemoryError``.
 """
 
 from __future__ import annotations

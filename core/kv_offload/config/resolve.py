@@ -2,7 +2,7 @@
 
 Every plugin the config names must resolve (only the selected ones are imported); each tier's
 arguments must fit its constructor's signature and pass the tier's own
-:meth:`~kv_offload.SecondaryTierManager.validate_arguments`; the environment's overrides
+:meth:`~kv_offload.tiering.SecondaryTierManager.validate_arguments`; the environment's overrides
 (:mod:`kv_offload.config.env`) must parse and are applied; and the stack must fit in the
 machine's memory (:mod:`kv_offload.config.memory`). Errors are located through the key they
 name, like every config error.
@@ -10,7 +10,6 @@ name, like every config error.
 
 from __future__ import annotations
 
-import difflib
 import re
 import warnings
 from collections.abc import Iterator
@@ -25,12 +24,13 @@ from ..errors import (
     PluginNotFoundError,
     PluginSettingsError,
 )
-from ..plugins import ExperimentalPluginWarning, PluginInfo, dist_label
+from ..plugins import ExperimentalPluginWarning, PluginInfo
 from ..plugins.loading import HOOK_ENTRY_POINT_GROUP
+from ..plugins.registry import dist_label
 from ..plugins.settings import parse_plugin_settings
-from ..tier import OffloadingConfig, SecondaryTierManager
+from ..tiering.base import OffloadingConfig, SecondaryTierManager
 from .env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
-from .locate import KeyPath, Validator, did_you_mean
+from .locate import KeyPath, Validator, closest, did_you_mean
 from .memory import (
     BOOKKEEPING_BYTES_PER_BLOCK,
     MemoryEstimate,
@@ -307,8 +307,8 @@ def _not_found_hint(exc: KVOffloadError, available: list[PluginInfo]) -> str:
     message = str(exc)
     if not isinstance(exc, PluginNotFoundError) or not exc.plugin:
         return message
-    close = difflib.get_close_matches(exc.plugin, sorted({i.name for i in available}), n=1)
-    if not close:
+    close = closest(exc.plugin, {i.name for i in available})
+    if close is None:
         return message
     head, sep, rest = message.partition("; ")
-    return f"{head} (did you mean {close[0]!r}?){sep}{rest}"
+    return f"{head} (did you mean {close!r}?){sep}{rest}"

@@ -13,16 +13,12 @@ from ..base import OffloadingManager
 from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded, new_entry_token, unguarded
-from ..errors import ConfigError, InvalidArgumentError, KVOffloadError, PluginError
+from ..errors import ConfigError, InvalidArgumentError
 from ..events import EventLog
 from ..keys import OffloadKey
-from ..plugins import (
-    HookCallers,
-    HookErrorLog,
-    KVOffloadPluginManager,
-    get_plugin_manager,
-    register_if_hookimpl,
-)
+from ..plugins.construct import construct
+from ..plugins.dispatch import HookCallers, HookErrorLog
+from ..plugins.loading import KVOffloadPluginManager, get_plugin_manager, register_if_hookimpl
 from ..policies import CachePolicy, CachePolicyFactory
 from ..policies.base import splits_victims
 from ..types import ALLOCATION_SIZE_BOUNDS, OffloadingEvent, OffloadingStats, SizeHistogram
@@ -54,17 +50,7 @@ def check_num_blocks(num_blocks: Any, kv_buffer: CPUKVBuffer | None) -> None:
 def build_policy(name: str, module_path: str | None, num_blocks: int) -> CachePolicy:
     """The policy plugin called ``name``, sized for ``num_blocks``."""
     policy_cls = CachePolicyFactory.get_cache_policy_cls(name, module_path)
-    try:
-        return policy_cls(cache_capacity=num_blocks)
-    except KVOffloadError:
-        raise
-    except Exception as exc:
-        raise PluginError(
-            f"policy {name!r} ({policy_cls.__module__}.{policy_cls.__qualname__}) "
-            f"failed to initialise: {type(exc).__name__}: {exc}",
-            kind="policy",
-            plugin=name,
-        ) from exc
+    return construct("policy", name, policy_cls, cache_capacity=num_blocks)
 
 
 def overridden(policy: CachePolicy, name: str) -> Any:
@@ -82,8 +68,8 @@ def plugin_setup(
     policy registered as a hook plugin if it carries hookimpls."""
     if plugin_manager is not None and not isinstance(plugin_manager, KVOffloadPluginManager):
         raise InvalidArgumentError(
-            f"plugin_manager must be a KVOffloadPluginManager (kv_offload.create_plugin_manager"
-            f"()), got {type(plugin_manager).__name__}"
+            f"plugin_manager must be a KVOffloadPluginManager "
+            f"(kv_offload.plugins.create_plugin_manager()), got {type(plugin_manager).__name__}"
         )
     pm = plugin_manager if plugin_manager is not None else get_plugin_manager()
     return pm, HookCallers(pm), register_if_hookimpl(pm, policy)
@@ -271,7 +257,7 @@ class CPUManagerState(OffloadingManager):
         """Drop every block, pinned and pending ones included; counters restart at zero.
 
         In-flight transfers are forgotten: completing them afterwards raises
-        :class:`~kv_offload.KeyStateError`, as for keys that were never prepared. The reuse
+        :class:`~kv_offload.errors.KeyStateError`, as for keys that were never prepared. The reuse
         filter's offer counts stay (they describe the engine's offers, not the cache; vLLM
         keeps them too); ``stores_skipped`` restarts with the other counters.
         """

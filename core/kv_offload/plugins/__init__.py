@@ -5,7 +5,7 @@ the plugin manager and how hook plugins are found (``loading``), and how manager
 from __future__ import annotations
 
 from . import hookspecs
-from .dispatch import HookCallers, HookErrorLog
+from .hookspecs import hookimpl, hookspec
 from .loading import (
     ALLOW_ENV,
     AUTOLOAD_DISABLE_ENV,
@@ -16,17 +16,12 @@ from .loading import (
     KVOffloadPluginManager,
     create_plugin_manager,
     get_plugin_manager,
-    register_if_hookimpl,
 )
-from .registry import (
-    KNOWN_DISTRIBUTIONS,
-    ExperimentalPluginWarning,
-    PluginInfo,
-    PluginRegistry,
-    dist_label,
-)
-from .settings import configure_plugin, parse_plugin_settings, takes_settings
+from .registry import ExperimentalPluginWarning, PluginInfo
+from .settings import parse_plugin_settings, takes_settings
 
+#: The hook author's API (docs/plugin-guide.md, "Plugin-author API"). The other names this
+#: package defines (registries, dispatch) serve the core and are not promised to plugins.
 __all__ = [
     "ALLOW_ENV",
     "AUTOLOAD_DISABLE_ENV",
@@ -35,18 +30,13 @@ __all__ = [
     "ExperimentalPluginWarning",
     "HOOK_ENTRY_POINT_GROUP",
     "HOOK_NAMES",
-    "HookCallers",
-    "HookErrorLog",
-    "KNOWN_DISTRIBUTIONS",
     "KVOffloadPluginManager",
     "PluginInfo",
-    "PluginRegistry",
-    "configure_plugin",
     "create_plugin_manager",
-    "dist_label",
     "get_plugin_manager",
+    "hookimpl",
+    "hookspec",
     "hookspecs",
     "parse_plugin_settings",
-    "register_if_hookimpl",
     "takes_settings",
 ]

@@ -12,7 +12,7 @@ needs pluggy's loop, and so does every hook while hook-call monitoring or tracin
 function is pluggy's own caller inside the error handling. The functions are rebuilt whenever
 the plugin set or the monitoring changes. Benchmark: ``benchmarks/hooks_overhead.py``.
 
-Errors. A plugin's exception becomes :class:`~kv_offload.HookError` naming the plugin. The
+Errors. A plugin's exception becomes :class:`~kv_offload.errors.HookError` naming the plugin. The
 rule for event hooks, applied by :class:`HookErrorLog` and nowhere else: the manager call's
 effect stands, every other hook and tier result of the call is still processed, and the first
 hook error is raised when the call is done, carrying the call's return value in ``result``.

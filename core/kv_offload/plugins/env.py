@@ -2,7 +2,7 @@
 
 The person running the process has the last word, over a config file
 (:mod:`kv_offload.config.env`) and over the arguments a program passes
-(:func:`~kv_offload.create_plugin_manager`, ``cache_policy_module_path``, a tier config's
+(:func:`~kv_offload.plugins.create_plugin_manager`, ``cache_policy_module_path``, a tier config's
 ``module_path``) alike:
 
 * ``KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD`` (a boolean) decides whether hook plugins autoload;
@@ -86,7 +86,7 @@ def module_path_forbidden_by_env(environ: Mapping[str, str] | None = None) -> bo
 @dataclass(frozen=True)
 class Labels:
     """How override warnings name what the environment overrode: a config's ``[hooks]``
-    keys, or :func:`~kv_offload.create_plugin_manager`'s arguments."""
+    keys, or :func:`~kv_offload.plugins.create_plugin_manager`'s arguments."""
 
     autoload: str  # formatted with the value: "[hooks] autoload = {}"
     enable: str  # formatted with the sorted names: "[hooks] enable = {}"

@@ -1,7 +1,7 @@
 """The lifecycle hooks of kv-offload (pluggy project ``kv_offload``).
 
 Write a plugin by decorating functions (or methods) named like these specs with
-``kv_offload.hookimpl``; a hookimpl may take any subset of a spec's arguments. Event hooks
+``kv_offload.plugins.hookimpl``; a hookimpl may take any subset of a spec's arguments. Event hooks
 fire **once per manager call with the whole batch of keys**, *after* the manager's bookkeeping
 is consistent, so a plugin that raises cannot corrupt state: the manager re-raises it as
 :class:`~kv_offload.errors.HookError` naming the plugin, and the call's effect stands.

@@ -118,7 +118,7 @@ class KVOffloadPluginManager(pluggy.PluginManager):
     def get_canonical_name(self, plugin: Any) -> str:
         """The name of a plugin registered without one: a module's or class's ``__name__``,
         an instance's class name (pluggy's default is ``str(id(plugin))``, which says nothing
-        in a :class:`~kv_offload.HookError`); ``Name#2``, ``Name#3``... for later instances
+        in a :class:`~kv_offload.errors.HookError`); ``Name#2``, ``Name#3``... for later instances
         of one class, since names are unique."""
         base = getattr(plugin, "__name__", None) or type(plugin).__name__
         name, number = base, 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import sys
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -96,6 +97,17 @@ def _import_attr(module_path: str, attr: str) -> object:
         return getattr(module, attr)
     except AttributeError:
         raise AttributeError(f"module {module_path!r} has no attribute {attr!r}") from None
+
+
+def public_name(cls: type) -> str:
+    """``cls`` as a plugin author imports it: from the shortest enclosing package whose
+    ``__all__`` exports it (``kv_offload.policies.CachePolicy``), else its own module."""
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        package = sys.modules.get(".".join(parts[:end]))
+        if package is not None and cls.__qualname__ in getattr(package, "__all__", ()):
+            return f"{package.__name__}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class PluginRegistry(Generic[T]):
@@ -179,7 +191,7 @@ class PluginRegistry(Generic[T]):
         if not (isinstance(obj, type) and issubclass(obj, self.base)):
             raise PluginTypeError(
                 f"{self.kind} {name!r} ({origin}) resolved to {obj!r}, which is not a subclass "
-                f"of kv_offload.{self.base.__qualname__}; plugins must subclass it",
+                f"of {public_name(self.base)}; plugins must subclass it",
                 kind=self.kind,
                 plugin=name,
             )

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from .base import CachePolicy
+from ..block_status import BlockStatus, bind_block_status
+from .base import CachePolicy, split_pairs
 from .factory import POLICY_ENTRY_POINT_GROUP, CachePolicyFactory
+from .key_queue import KeyQueue
+from .request_access import RequestAccessLog
 
-__all__ = ["CachePolicy", "CachePolicyFactory", "POLICY_ENTRY_POINT_GROUP"]
+__all__ = [
+    "BlockStatus",
+    "CachePolicy",
+    "CachePolicyFactory",
+    "KeyQueue",
+    "POLICY_ENTRY_POINT_GROUP",
+    "RequestAccessLog",
+    "bind_block_status",
+    "split_pairs",
+]

@@ -1,14 +1,24 @@
 """Secondary tiers: the tier plugin interface (``base``), name resolution (``factory``), the
-tiered manager (``manager``), its jobs in flight (``jobs``) and counters (``stats``)."""
+tiered manager (``manager``), its jobs in flight (``jobs``) and counters (``stats``).
+
+``__all__`` is the tier author's API (docs/plugin-guide.md, "Plugin-author API"): what a
+tier plugin imports, and the tiered manager and its statistics."""
 
 from __future__ import annotations
 
+from ..async_lookup import AsyncLookup, AsyncLookupStats
+from ..tier_types import Locality, Medium, TierMatcher
 from .base import JobDirection, JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
-from .factory import TIER_ENTRY_POINT_GROUP, SecondaryTierFactory, check_tier_arguments
+from .factory import TIER_ENTRY_POINT_GROUP, SecondaryTierFactory
 from .manager import TieringOffloadingManager
 from .stats import TieringStats, TierStats
 
 __all__ = [
+    "AsyncLookup",
+    "AsyncLookupStats",
+    "Locality",
+    "Medium",
+    "TierMatcher",
     "JobDirection",
     "JobMetadata",
     "JobResult",
@@ -19,5 +29,4 @@ __all__ = [
     "TieringOffloadingManager",
     "TieringStats",
     "TierStats",
-    "check_tier_arguments",
 ]

@@ -18,9 +18,8 @@ from ..admission import AdmissionPolicy, check_admission_keys, configured_admiss
 from ..errors import (
     ConfigError,
     InvalidArgumentError,
-    KVOffloadError,
-    PluginError,
 )
+from ..plugins.construct import construct
 from ..plugins.registry import PluginInfo, PluginRegistry
 from ..tier_types import Locality
 from .base import OffloadingConfig, SecondaryTierManager
@@ -100,17 +99,9 @@ class SecondaryTierFactory:
         tier_cls = cls.get_tier_class(config)
         arguments = {k: v for k, v in config.items() if k not in _NOT_ARGUMENTS}
         check_tier_arguments(tier_type, tier_cls, arguments)
-        try:
-            tier = tier_cls(offloading_config, primary_kv_view, tier_type, **arguments)
-        except KVOffloadError:
-            raise
-        except Exception as exc:
-            raise PluginError(
-                f"tier {tier_type!r} ({tier_cls.__module__}.{tier_cls.__qualname__}) failed to "
-                f"initialise: {type(exc).__name__}: {exc}",
-                kind="tier",
-                plugin=tier_type,
-            ) from exc
+        tier = construct(
+            "tier", tier_type, tier_cls, offloading_config, primary_kv_view, tier_type, **arguments
+        )
         name = config.get("name")
         if name is not None and name != tier.name:
             _set_name(tier, tier_type, name)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import ManagerError, PluginError
 from ..keys import OffloadKey
-from ..plugins import HookCallers, HookErrorLog
+from ..plugins.dispatch import HookCallers, HookErrorLog
 from ..types import LookupResult, ReqContext
 from .base import JobDirection, JobMetadata, JobResult, SecondaryTierManager
 from .faults import FaultReporter

@@ -34,7 +34,8 @@ from ..cpu import CPUOffloadingManager
 from ..cpu.validation import as_list, check_context, closed_error, not_bytes, short
 from ..errors import ConfigError, KeyStateError
 from ..keys import OffloadKey
-from ..plugins import HookErrorLog, register_if_hookimpl
+from ..plugins.dispatch import HookErrorLog
+from ..plugins.loading import register_if_hookimpl
 from ..tier_types import Locality, RequestOffloadingContext
 from ..types import (
     CPULoadStoreSpec,

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kv_offload import OffloadKey, ReqContext
 from kv_offload.admission import AdmissionPolicy
-from kv_offload.keys import OffloadKey
-from kv_offload.types import ReqContext
 
 __all__ = ["Always"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kv_offload.keys import OffloadKey
+from kv_offload import OffloadKey
 
 __all__ = ["KeyHistory"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from kv_offload.keys import OffloadKey
+from kv_offload import OffloadKey
 
 __all__ = ["FrequencySketch"]
 

@@ -17,10 +17,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from kv_offload import OffloadKey, ReqContext
 from kv_offload.admission import AdmissionPolicy
 from kv_offload.errors import ConfigError
-from kv_offload.keys import OffloadKey
-from kv_offload.types import ReqContext
 
 from .options import int_option, window
 from .sketch import FrequencySketch

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kv_offload import OffloadKey
-from kv_offload.policies.key_queue import KeyQueue
+from kv_offload.policies import KeyQueue
 
 __all__ = ["GhostList"]
 

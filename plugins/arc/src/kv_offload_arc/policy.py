@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable
 from itertools import groupby, islice
 from operator import itemgetter, or_
 
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
-from kv_offload.policies.key_queue import KeyQueue
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy, KeyQueue
 
 from . import replace
 from .ghosts import GhostList

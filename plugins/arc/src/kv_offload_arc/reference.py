@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy
 
 __all__ = ["ReferenceARCCachePolicy"]
 

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from itertools import chain, islice
 from math import ceil
 
-from kv_offload import BlockStatus, OffloadKey
+from kv_offload import OffloadKey
+from kv_offload.policies import BlockStatus
 
 __all__ = ["split", "scan"]
 

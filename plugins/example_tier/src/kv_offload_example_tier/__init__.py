@@ -19,9 +19,15 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from kv_offload import Medium, OffloadKey, ReqContext
+from kv_offload import OffloadKey, ReqContext
 from kv_offload.errors import ConfigError
-from kv_offload.tier import JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
+from kv_offload.tiering import (
+    JobMetadata,
+    JobResult,
+    Medium,
+    OffloadingConfig,
+    SecondaryTierManager,
+)
 
 __all__ = ["ExampleSecondaryTierManager"]
 

@@ -10,17 +10,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from kv_offload import (
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.errors import ConfigError
+from kv_offload.tiering import (
     JobDirection,
     JobMetadata,
     JobResult,
     OffloadingConfig,
-    OffloadKey,
-    ReqContext,
     SecondaryTierFactory,
     SecondaryTierManager,
 )
-from kv_offload.errors import ConfigError
 
 from .faults import Dice, FaultCounters, FaultPlan, InjectedFault
 

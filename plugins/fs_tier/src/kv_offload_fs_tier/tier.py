@@ -26,23 +26,22 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from kv_offload import (
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.block_auth import AUTH_KINDS, AuthFailureLog
+from kv_offload.errors import ConfigError
+from kv_offload.tiering import (
     JobDirection,
     JobMetadata,
     JobResult,
     OffloadingConfig,
-    ReqContext,
     SecondaryTierManager,
 )
-from kv_offload.block_auth import AUTH_KINDS, AuthFailureLog
-from kv_offload.errors import ConfigError
-from kv_offload.keys import OffloadKey
 
 from . import _format, _io
 from ._config import check_arguments, check_for_block_size, validate
@@ -62,17 +61,12 @@ SPARE_FILES = 256
 #: files made while it was idle; a sustained stream beyond them pays the creation again.
 PRECREATE_FILES = 256
 
-_REASON_IN_RESULT = "reason" in {f.name for f in fields(JobResult)}
-
-
 #: Seconds between two looks for a removed ``root_dir``.
 ROOT_RETRY_S = 1.0
 
 
 def _result(job_id: int, success: bool, reason: str | None = None) -> JobResult:
-    if _REASON_IN_RESULT:
-        return JobResult(job_id, success, reason=reason)  # type: ignore[call-arg,unused-ignore]
-    return JobResult(job_id, success)  # pragma: no cover - a core without JobResult.reason
+    return JobResult(job_id, success, reason=reason)
 
 
 def _os_reason(exc: OSError) -> tuple[str, str]:
@@ -149,13 +143,6 @@ class _Outcome:
     untried: list[bytes] = field(default_factory=list)
     #: a failure of the share as a whole (kind, message), e.g. a directory fsync
     error: tuple[str, str] | None = None
-
-
-@dataclass
-class _Deleted:
-    removed: int
-    missing: int
-    errors: int
 
 
 class FileSystemTier(SecondaryTierManager):
@@ -453,7 +440,7 @@ class FileSystemTier(SecondaryTierManager):
             if isinstance(item, _Outcome):
                 self._apply(item)
             else:
-                self._stats.deleted_files += item.removed
+                self._stats.deleted_files += item
         finished, self._finished = self._finished, []
         return finished
 
@@ -838,11 +825,13 @@ class _EvictShare:
         self.tier = tier
         self.items = items
 
-    def __call__(self) -> _Deleted:
+    def __call__(self) -> int:
+        """How many of the files were removed or recycled (a file already gone, or one the
+        OS refused to remove, is left to startup recovery, which scans the shards)."""
         tier = self.tier
         root = tier._root
         spares = tier._spares
-        result = _Deleted(0, 0, 0)
+        removed = 0
         for key, shard in self.items:
             name = key_name(key)
             try:
@@ -854,14 +843,11 @@ class _EvictShare:
                 else:
                     gone = not _io.remove_block(root.shard_fds[shard], name)
             except OSError:
-                result.errors += 1
                 continue
-            if gone:
-                result.missing += 1
-            else:
-                result.removed += 1
-        return result
+            if not gone:
+                removed += 1
+        return removed
 
-    def fail(self, exc: BaseException) -> _Deleted:
+    def fail(self, exc: BaseException) -> int:
         logger.error("tier %r: removing evicted blocks raised", self.tier.name, exc_info=exc)
-        return _Deleted(0, 0, len(self.items))
+        return 0

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from itertools import islice
 
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
-from kv_offload.policies.base import split_pairs
-from kv_offload.policies.key_queue import KeyQueue
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy, KeyQueue, split_pairs
 
 __all__ = ["LRUCachePolicy"]
 

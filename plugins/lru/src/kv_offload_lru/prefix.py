@@ -44,8 +44,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
-from kv_offload.policies.request_access import RequestAccessLog
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy, RequestAccessLog
 
 __all__ = ["PrefixLRUCachePolicy"]
 

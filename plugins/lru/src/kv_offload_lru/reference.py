@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
-from kv_offload.policies.request_access import RequestAccessLog
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy, RequestAccessLog
 
 __all__ = ["ReferenceLRUCachePolicy", "ReferencePrefixLRUCachePolicy"]
 

@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kv_offload import ConfigError, hookimpl
+from kv_offload import ConfigError
+from kv_offload.plugins import hookimpl
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector

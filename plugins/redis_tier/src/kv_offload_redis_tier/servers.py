@@ -134,14 +134,6 @@ class Servers:
             except Exception as exc:
                 logger.debug("%s: Cluster topology refresh failed: %s", self.settings.tier, exc)
 
-    def any_client(self) -> tuple[str, Redis, CircuitBreaker]:
-        """A client for one-key admin commands (the namespace check)."""
-        if self._client is not None:
-            return "server", self._client, self._breaker("server")
-        cluster = self._cluster_client()
-        node = cluster.get_random_node()  # type: ignore[no-untyped-call]
-        return node.name, cluster.get_redis_connection(node), self._breaker(node.name)
-
     def client_for(self, key: bytes) -> tuple[str, Redis, CircuitBreaker]:
         groups = self.route([key])
         group = groups[0]

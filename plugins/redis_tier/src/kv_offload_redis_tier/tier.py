@@ -2,7 +2,7 @@
 
 Scheduler side (never blocks): ``submit_*`` hand the job to a small thread pool and return;
 ``lookup`` answers from what this tier knows (a store in flight: ``None``) or through
-:class:`kv_offload.AsyncLookup`, which checks all keys asked in a scheduler step with one
+:class:`kv_offload.tiering.AsyncLookup`, which checks all keys asked in a scheduler step with one
 pipelined ``EXISTS`` round trip per server, flushed in ``on_schedule_end``; ``get_finished``
 collects results. Every accepted job reports exactly one result.
 
@@ -29,10 +29,16 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from kv_offload import AsyncLookup, OffloadKey, ReqContext
+from kv_offload import OffloadKey, ReqContext
 from kv_offload.block_auth import AuthFailureLog
 from kv_offload.errors import ConfigError
-from kv_offload.tier import JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
+from kv_offload.tiering import (
+    AsyncLookup,
+    JobMetadata,
+    JobResult,
+    OffloadingConfig,
+    SecondaryTierManager,
+)
 from redis import Redis
 from redis.exceptions import (
     AskError,

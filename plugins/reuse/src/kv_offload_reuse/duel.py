@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import compress
 
-from kv_offload import BlockStatus, CachePolicy, OffloadKey, ReqContext
-from kv_offload.block_status import bind_block_status
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy, bind_block_status
 from xxhash import xxh3_64_intdigest as stable_hash
 
 __all__ = ["Miniature", "sample_rate"]

@@ -15,7 +15,8 @@ from math import ceil
 from operator import attrgetter, itemgetter, not_
 
 import numpy as np
-from kv_offload import BlockStatus, CachePolicy, ConfigError, OffloadKey, ReqContext
+from kv_offload import ConfigError, OffloadKey, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy
 from xxhash import xxh3_64_intdigest as stable_hash
 
 from .duel import Miniature, sample_rate, sampled

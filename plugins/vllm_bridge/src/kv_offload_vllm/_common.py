@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kv_offload import OffloadKey, ReqContext, get_plugin_manager
+from kv_offload import OffloadKey, ReqContext
+from kv_offload.plugins import get_plugin_manager
 
 __all__ = ["PREFIX", "BridgedReqContext", "fire_hook", "kvo_context", "split_name"]
 

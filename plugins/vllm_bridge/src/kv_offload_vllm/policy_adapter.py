@@ -2,9 +2,9 @@
 
 vLLM's ``CPUOffloadingManager`` owns the chunks: ctypes ``ChunkStatus`` structs whose
 ``ref_cnt`` it changes in place. The adapter hands the kv-offload policy a
-:class:`~kv_offload.BlockStatus` per chunk whose ``ref_cnt`` reads that live struct, keeps the
-key -> chunk map vLLM's ``get`` answers from, and maps vLLM's request-scoped callbacks onto the
-kv-offload ones:
+:class:`~kv_offload.policies.BlockStatus` per chunk whose ``ref_cnt`` reads that live struct,
+keeps the key -> chunk map vLLM's ``get`` answers from, and maps vLLM's request-scoped
+callbacks onto the kv-offload ones:
 
 * ``insert(key, chunk, ctx)``, one key at a time -> one ``insert_many(keys, blocks)`` per store,
   as kv-offload's manager calls it: the keys vLLM inserts in a row for one request are handed
@@ -43,15 +43,8 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kv_offload import (
-    BlockStatus,
-    CachePolicy,
-    CachePolicyFactory,
-    KVOffloadError,
-    OffloadKey,
-    PluginError,
-    ReqContext,
-)
+from kv_offload import KVOffloadError, OffloadKey, PluginError, ReqContext
+from kv_offload.policies import BlockStatus, CachePolicy, CachePolicyFactory
 
 from ._common import PREFIX, fire_hook, kvo_context
 from ._victims import checked_victims
@@ -100,7 +93,7 @@ def policy_adapter(name: str) -> type[Any]:
     """The vLLM ``CachePolicy`` subclass running kv-offload's policy ``name``.
 
     Resolving ``name`` goes through kv-offload's own factory (runtime registrations, installed
-    entry points), so an unknown name raises its :class:`~kv_offload.PluginNotFoundError`
+    entry points), so an unknown name raises its :class:`~kv_offload.errors.PluginNotFoundError`
     listing what is installed.
     """
     api = vllm_api()

@@ -9,7 +9,7 @@ naming the tier and what it accepts). Then:
 * the primary view is vLLM's int8 mmap rows; the kv-offload tier gets the same memory re-viewed
   as ``uint8``, shape ``(num_chunks, row_stride)``;
 * ``lookup`` answers ``True``/``False``/``None`` -> ``HIT``/``MISS``/``RETRY``;
-* a ``TransferJob`` becomes a :class:`~kv_offload.JobMetadata` (same id, keys, slots as
+* a ``TransferJob`` becomes a :class:`~kv_offload.tiering.JobMetadata` (same id, keys, slots as
   ``int64``, ``is_promotion`` -> ``LOAD``); results come back from ``get_finished_jobs`` with
   the bytes moved and the time since submission. A result for a job the tier does not own, or
   reports twice, is dropped with a warning (vLLM would assert);
@@ -37,16 +37,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kv_offload import (
-    ConfigError,
+from kv_offload import ConfigError, ManagerError, OffloadKey
+from kv_offload.plugins import get_plugin_manager
+from kv_offload.tiering import (
     JobDirection,
     JobMetadata,
-    ManagerError,
     OffloadingConfig,
-    OffloadKey,
     SecondaryTierFactory,
     SecondaryTierManager,
-    get_plugin_manager,
 )
 
 from ._common import PREFIX, fire_hook, kvo_context
@@ -90,7 +88,7 @@ def tier_adapter(name: str) -> type[Any]:
     """The vLLM ``SecondaryTierManager`` subclass running kv-offload's tier ``name``.
 
     ``name`` resolves through kv-offload's own factory (runtime registrations, installed entry
-    points); an unknown name raises its :class:`~kv_offload.PluginNotFoundError`.
+    points); an unknown name raises its :class:`~kv_offload.errors.PluginNotFoundError`.
     """
     api = vllm_api()
     kvo_cls = SecondaryTierFactory.get_tier_class({"type": name})

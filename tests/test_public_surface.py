@@ -1,0 +1,107 @@
+"""The public surface (issue 28): what an engine integrator imports from ``kv_offload`` (at
+most 30 names), what each kind of plugin author imports from its module, each documented in
+one place (docs/plugin-guide.md, "Plugin-author API", one table per module), and every
+distribution under ``plugins/`` importing only those names. Names moved out of
+``kv_offload`` still import from it, with a ``DeprecationWarning`` naming the new module."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import warnings
+from pathlib import Path
+
+import kv_offload
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "plugin-guide.md"
+INTEGRATOR_BOUND = 30
+
+
+def documented() -> dict[str, set[str]]:
+    """Module -> the names its table in the guide's "Plugin-author API" section lists."""
+    text = GUIDE.read_text()
+    section = text[text.index("## Plugin-author API") :]
+    section = section[: section.index("\n## ", 1)]
+    tables: dict[str, set[str]] = {}
+    for block in re.split(r"\n### ", section)[1:]:
+        module = re.match(r"`([\w.]+)`", block)
+        assert module is not None, block[:80]
+        tables[module.group(1)] = set(re.findall(r"^\| `(\w+)` \|", block, re.M))
+    return tables
+
+
+def test_the_integrator_surface_is_small_and_every_name_resolves() -> None:
+    assert len(kv_offload.__all__) <= INTEGRATOR_BOUND
+    assert len(set(kv_offload.__all__)) == len(kv_offload.__all__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in kv_offload.__all__:
+            getattr(kv_offload, name)
+
+
+def test_each_documented_module_exports_exactly_its_table() -> None:
+    tables = documented()
+    assert {"kv_offload", "kv_offload.policies", "kv_offload.tiering", "kv_offload.admission"} <= (
+        set(tables)
+    )
+    assert {"kv_offload.plugins", "kv_offload.errors"} <= set(tables)
+    for module, names in tables.items():
+        exported = set(importlib.import_module(module).__all__)
+        assert names == exported, (
+            f"docs/plugin-guide.md's table for {module} differs from its __all__: "
+            f"only documented {sorted(names - exported)}, only exported {sorted(exported - names)}"
+        )
+
+
+def _core_imports(path: Path) -> list[tuple[int, str, str]]:
+    """``(line, module, name)`` for every ``from kv_offload... import name`` in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            if node.module == "kv_offload" or node.module.startswith("kv_offload."):
+                found += [(node.lineno, node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("kv_offload.") and not alias.name.startswith(
+                    "kv_offload_"
+                ):
+                    found.append((node.lineno, alias.name, "*"))
+    return found
+
+
+def test_plugins_import_only_documented_names() -> None:
+    tables = documented()
+    wrong = []
+    sources = sorted(ROOT.glob("plugins/*/src/**/*.py")) + sorted(ROOT.glob("examples/*/*.py"))
+    for path in sources:
+        if "/build/" in str(path):
+            continue
+        for line, module, name in _core_imports(path):
+            if module not in tables or name not in tables[module]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: from {module} import {name}")
+    assert not wrong, "imports of undocumented core names:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [
+        ("CachePolicy", "kv_offload.policies"),
+        ("SecondaryTierManager", "kv_offload.tiering"),
+        ("hookimpl", "kv_offload.plugins"),
+        ("PluginNotFoundError", "kv_offload.errors"),
+    ],
+)
+def test_a_moved_name_still_imports_with_a_warning_naming_its_module(
+    name: str, module: str
+) -> None:
+    with pytest.warns(DeprecationWarning, match=f"import it from {module}"):
+        value = getattr(kv_offload, name)
+    assert value is getattr(importlib.import_module(module), name)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
+        kv_offload.NoSuchThing  # noqa: B018
