@@ -22,6 +22,7 @@ from kv_offload import (
     ReqContext,
     make_offload_key,
 )
+from kv_offload.policies.base import splits_victims
 from kv_offload_lru import LRUCachePolicy
 
 CTX = ReqContext(req_id="evict")
@@ -58,7 +59,7 @@ def full_manager(
         manager = CPUOffloadingManager(4, cache_policy="pairs-only-lru")
     else:
         manager = CPUOffloadingManager(4)
-    assert manager._policy_splits is (form == "evict_split")
+    assert splits_victims(type(manager.policy)) is (form == "evict_split")
     out = manager.prepare_store([k(0), k(1), k(2), k(3)], CTX)
     assert out is not None
     manager.complete_store(out.keys_to_store, CTX)
@@ -82,7 +83,7 @@ def break_evict(manager: CPUOffloadingManager, broken: Callable[..., Any]) -> Ca
         except (TypeError, ValueError):
             return answer
 
-    if manager._policy_splits:
+    if splits_victims(type(manager.policy)):
         policy.evict_split = split  # type: ignore[method-assign]
         return lambda: delattr(policy, "evict_split")
     policy.evict = lambda n, protected: broken(policy, real, n, protected)  # type: ignore[method-assign]

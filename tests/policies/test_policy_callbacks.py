@@ -7,11 +7,14 @@ replacing the base class's no-ops with recorders.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
+from _dists import ModuleFactory
 from _policy_harness import k, run_request
 from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext
+from kv_offload.plugins import ExperimentalPluginWarning
 from kv_offload.policies import CachePolicy
 from kv_offload.policies.base import splits_victims
 from kv_offload.policies.factory import CachePolicyFactory
@@ -143,12 +146,43 @@ def test_the_manager_asks_evict_split_only_below_the_last_evict_override(
     assert splits_victims(policy_cls) is splits
 
 
+PAIRS_ONLY = """
+from kv_offload_arc import ARCCachePolicy
+from kv_offload_lru import LRUCachePolicy, PrefixLRUCachePolicy
+
+
+def pairs_only(base):
+    class PairsOnly(base):  # an evict() override: the manager asks evict(), as for vLLM's
+        def evict(self, n, protected):
+            return super().evict(n, protected)
+
+    return PairsOnly
+
+
+PairsLRU = pairs_only(LRUCachePolicy)
+PairsPrefixLRU = pairs_only(PrefixLRUCachePolicy)
+PairsARC = pairs_only(ARCCachePolicy)
+"""
+PAIRS_CLASS = {"lru": "PairsLRU", "prefix-lru": "PairsPrefixLRU", "arc": "PairsARC"}
+
+
 @pytest.mark.parametrize("policy", ["lru", "prefix-lru", "arc"])
-def test_evict_and_evict_split_give_the_same_victims(policy: str) -> None:
+def test_evict_and_evict_split_give_the_same_victims(
+    policy: str, make_module: ModuleFactory
+) -> None:
     """Two managers driven alike, one policy answering evict(), the other evict_split()."""
-    managers = [CPUOffloadingManager(40, cache_policy=policy, enable_events=True) for _ in "ab"]
-    managers[0]._policy_splits = False  # asks evict(), as for a policy without evict_split
-    assert managers[1]._policy_splits
+    module = make_module(PAIRS_ONLY)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalPluginWarning)
+        pairs = CPUOffloadingManager(
+            40,
+            cache_policy=PAIRS_CLASS[policy],
+            cache_policy_module_path=module,
+            enable_events=True,
+        )
+    managers = [pairs, CPUOffloadingManager(40, cache_policy=policy, enable_events=True)]
+    assert not splits_victims(type(managers[0].policy))
+    assert splits_victims(type(managers[1].policy))
     for i in range(300):
         keys = [k(i * 7 % 97 + j) for j in range(i % 9 + 1)]
         hits = [run_request(m, keys, f"r{i}") for m in managers]

@@ -1,5 +1,8 @@
-"""How the CPU manager frees slots: it asks the policy's ``evict()`` for victims and checks the
-answer (:func:`evict_for`), and what it does when the answer breaks the contract.
+"""How the CPU manager chooses slots to free: :class:`Eviction` asks the policy's ``evict()``
+for victims and checks the answer, and handles an answer that breaks the contract. It reads
+the slot table and talks to the policy; the manager frees the slots, counts and records the
+eviction (it owns those), and is told through the ``fail`` callback it hands over when a
+policy's answer leaves it unable to trust its cache.
 
 The policy is a plugin, and ``evict()`` removes its victims from the policy's own structures
 before the manager sees them, so a broken answer must not leave hidden damage behind:
@@ -17,74 +20,121 @@ before the manager sees them, so a broken answer must not leave hidden damage be
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..block_status import BlockStatus
-from ..errors import ManagerError, PluginError
+from ..errors import PluginError
 from ..keys import OffloadKey
-from ..policies.base import split_pairs
+from ..policies.base import split_pairs, splits_victims
 from . import validation as check
-from .state import MEDIUM_CPU
 
 if TYPE_CHECKING:
+    from ..policies import CachePolicy
     from .slots import SlotTable
-    from .state import CPUManagerState
 
-__all__ = ["evict_for", "mark_failed", "put_back", "victims"]
+__all__ = ["Eviction", "victims"]
 
 
-def evict_for(
-    manager: CPUManagerState, shortfall: int, protected: set[OffloadKey]
-) -> list[OffloadKey] | None:
-    """Free ``shortfall`` slots: the evicted keys (their slots are free, the event recorded),
-    or ``None`` with nothing changed when not enough idle, unprotected blocks exist."""
-    slots = manager._slots
-    if shortfall > slots.num_evictable:
-        return None
-    policy = manager._policy
-    split = manager._policy_splits
-    sized = manager._policy_len
-    held = sized() if sized is not None else -1
-    answer: Any  # the policy is a plugin: its answer is checked below, not trusted
-    try:
-        if split:
-            answer = policy.evict_split(shortfall, protected)
-        else:
-            answer = policy.evict(shortfall, protected)
-    except Exception as exc:
-        raise mark_failed(manager, exc) from exc
-    if answer is None:
-        return None
-    try:
-        keys, blocks = victims(
-            answer, split, shortfall, protected, slots, manager.cache_policy_name
+class Eviction:
+    """Chooses eviction victims for one CPU manager, from its policy, checked.
+
+    ``fail(message)`` is the manager's: called when a broken answer means the policy removed
+    blocks that cannot be named, after which the manager refuses every cache read until
+    ``reset_cache()``.
+    """
+
+    def __init__(
+        self,
+        policy: CachePolicy,
+        policy_name: str,
+        slots: SlotTable,
+        fail: Callable[[str], None],
+    ) -> None:
+        self._policy = policy
+        self._name = policy_name
+        self._slots = slots
+        self._fail = fail
+        self._split = splits_victims(type(policy))  # evict_split, or evict's pairs
+        #: ``len(policy)`` if the policy can say how many keys it holds: then every victim
+        #: it names is checked to have been one it held.
+        sized = getattr(policy, "__len__", None)  # optional: not part of vLLM's CachePolicy
+        self._len: Callable[[], int] | None = sized if callable(sized) else None
+
+    def choose(
+        self, shortfall: int, protected: set[OffloadKey]
+    ) -> tuple[list[OffloadKey], list[BlockStatus]] | None:
+        """``shortfall`` victims (keys and their blocks, removed from the policy, every one
+        idle and unprotected), or ``None`` with nothing changed when not enough idle,
+        unprotected blocks exist. A broken answer raises
+        :class:`~kv_offload.errors.PluginError` (the victims put back when they can be)."""
+        slots = self._slots
+        if shortfall > slots.num_evictable:
+            return None
+        policy, split, sized = self._policy, self._split, self._len
+        held = sized() if sized is not None else -1
+        answer: Any  # the policy is a plugin: its answer is checked below, not trusted
+        try:
+            if split:
+                answer = policy.evict_split(shortfall, protected)
+            else:
+                answer = policy.evict(shortfall, protected)
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        if answer is None:
+            return None
+        try:
+            keys, blocks = victims(answer, split, shortfall, protected, slots, self._name)
+        except PluginError as exc:
+            if not self._put_back(check.as_pairs(answer) if split else answer):
+                raise self._failed(exc) from exc
+            raise
+        # (Only for a policy whose size is the number of resident blocks, as it was before.)
+        if sized is not None and sized() != held - shortfall and held == slots.num_resident:
+            # It named a key it did not hold (or kept one it named): some victim slot is
+            # still some resident key's, and handing it out would give one slot to two keys.
+            # Which keys it removed cannot be told, so nothing can be put back.
+            named = check.describe_victims(
+                check.as_pairs(answer) if split else answer, slots.refs.__getitem__
+            )
+            raise self._failed(
+                LookupError(
+                    f"it named {shortfall} victim(s) but its size went from {held} to "
+                    f"{sized()}, so some named key was not one it held (or was not removed): "
+                    f"{named}"
+                )
+            )
+        return keys, blocks
+
+    def _put_back(self, chosen: Any) -> bool:
+        """Re-insert a contract-breaking ``evict()`` answer into the policy; ``False`` when
+        the answer is not ``(key, block)`` pairs of known slots (nothing can be put back)."""
+        slots = self._slots
+        try:
+            pairs = [(key, block) for key, block in chosen]
+            hash(tuple(key for key, _ in pairs))
+        except (TypeError, ValueError):
+            return False
+        if not all(isinstance(b, BlockStatus) and 0 <= b < slots.num_blocks for _, b in pairs):
+            return False
+        policy = self._policy
+        for key, block in pairs:
+            if policy.get(key) is not None:
+                continue  # not removed (a key the policy still holds)
+            policy.insert(key, block)
+            if slots.refs[block] == 0:
+                policy.mark_evictable(key)
+        return True
+
+    def _failed(self, error: BaseException) -> PluginError:
+        """Fail the manager's cache reads, and return the error to raise now."""
+        message = (
+            f"policy {self._name!r} broke the evict() contract ({type(error).__name__}: "
+            f"{error}); the blocks it removed cannot be named, so the manager is failed: call "
+            f"reset_cache() or build a new manager, and fix the policy's evict()"
         )
-    except PluginError as exc:
-        if not put_back(manager, check.as_pairs(answer) if split else answer):
-            raise mark_failed(manager, exc) from exc
-        raise
-    # (Only for a policy whose size is the number of resident blocks, as it was before.)
-    if sized is not None and sized() != held - shortfall and held == slots.num_resident:
-        # It named a key it did not hold (or kept one it named): some victim slot is still
-        # some resident key's, and handing it out would give one slot to two keys. Which
-        # keys it removed cannot be told, so nothing can be put back: fail the manager.
-        named = check.describe_victims(
-            check.as_pairs(answer) if split else answer, slots.refs.__getitem__
-        )
-        raise mark_failed(
-            manager,
-            LookupError(
-                f"it named {shortfall} victim(s) but its size went from {held} to {sized()}, "
-                f"so some named key was not one it held (or was not removed): {named}"
-            ),
-        )
-    if (sink := manager.eviction_sink) is not None:
-        sink(keys, blocks)  # before the slots are freed: the victims' bytes are still intact
-    slots.release_idle(blocks)
-    manager.counters.evictions += shortfall
-    if manager.event_log is not None:
-        manager.event_log.record(keys, MEDIUM_CPU, True)
-    return keys
+        self._fail(message)
+        return PluginError(message, kind="policy", plugin=self._name)
 
 
 def victims(
@@ -124,40 +174,3 @@ def victims(
             plugin=policy_name,
         )
     return keys, blocks
-
-
-def put_back(manager: CPUManagerState, chosen: Any) -> bool:
-    """Re-insert a contract-breaking ``evict()`` answer into the policy; ``False`` when the
-    answer is not ``(key, block)`` pairs of known slots (nothing can be put back)."""
-    slots = manager._slots
-    try:
-        pairs = [(key, block) for key, block in chosen]
-        hash(tuple(key for key, _ in pairs))
-    except (TypeError, ValueError):
-        return False
-    if not all(isinstance(b, BlockStatus) and 0 <= b < slots.num_blocks for _, b in pairs):
-        return False
-    policy = manager.policy
-    for key, block in pairs:
-        if policy.get(key) is not None:
-            continue  # not removed (a key the policy still holds)
-        policy.insert(key, block)
-        if slots.refs[block] == 0:
-            policy.mark_evictable(key)
-    return True
-
-
-def mark_failed(manager: CPUManagerState, error: BaseException) -> PluginError:
-    """Make every later cache read raise, and return the error to raise now."""
-    name = manager.cache_policy_name
-    message = (
-        f"policy {name!r} broke the evict() contract ({type(error).__name__}: {error}); "
-        f"the blocks it removed cannot be named, so the manager is failed: call "
-        f"reset_cache() or build a new manager, and fix the policy's evict()"
-    )
-
-    def failed(key: Any) -> NoReturn:
-        raise ManagerError(message)
-
-    manager._get = failed
-    return PluginError(message, kind="policy", plugin=name)

@@ -17,7 +17,6 @@ from ..block_status import BlockStatus
 from ..concurrency import concurrent_use_error, entry_guarded, unguarded
 from ..keys import OffloadKey
 from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
-from . import eviction
 from . import validation as check
 from .slots import without_block
 from .state import MEDIUM_CPU, CPUManagerState
@@ -291,12 +290,18 @@ class CPUOffloadingManager(CPUManagerState):
         shortfall = count - self._slots.num_free
         evicted: list[OffloadKey] = []
         if shortfall > 0:
-            found = eviction.evict_for(self, shortfall, key_set)
-            if found is None:
+            chosen = self._eviction.choose(shortfall, key_set)
+            if chosen is None:
                 self.counters.rejected_stores += 1
                 self.counters.observe_allocation(count)
                 return None
-            evicted = found
+            evicted, victim_blocks = chosen
+            if (sink := self.eviction_sink) is not None:
+                sink(evicted, victim_blocks)  # before the slots are freed: bytes still intact
+            self._slots.release_idle(victim_blocks)
+            self.counters.evictions += shortfall
+            if self.event_log is not None:
+                self.event_log.record(evicted, MEDIUM_CPU, True)
         # Counted once eviction can no longer raise: a broken policy leaves the stats as they were.
         self.counters.observe_allocation(count)
         new_blocks = self._slots.allocate(count)

@@ -6,22 +6,22 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..admission import AdmissionPolicy, overrides
 from ..base import OffloadingManager
 from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded, new_entry_token, unguarded
-from ..errors import ConfigError, InvalidArgumentError
+from ..errors import ConfigError, InvalidArgumentError, ManagerError
 from ..events import EventLog
 from ..keys import OffloadKey
 from ..plugins.construct import construct
 from ..plugins.dispatch import HookCallers, HookErrorLog
 from ..plugins.loading import KVOffloadPluginManager, get_plugin_manager, register_if_hookimpl
 from ..policies import CachePolicy, CachePolicyFactory
-from ..policies.base import splits_victims
 from ..types import ALLOCATION_SIZE_BOUNDS, OffloadingEvent, OffloadingStats, SizeHistogram
+from .eviction import Eviction
 from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, cpu_admission
 from .slots import SlotTable
 
@@ -181,13 +181,9 @@ class CPUManagerState(OffloadingManager):
         )
         self._policy: CachePolicy = policy
         self._get = policy.fast_get()  # bound once: the manager's hottest call
-        self._policy_splits = splits_victims(type(policy))  # evict_split, or evict's pairs
-        #: ``len(policy)`` if the policy can say how many keys it holds: eviction then checks
-        #: that the policy held every victim it named (cpu/eviction.py).
-        sized = getattr(policy, "__len__", None)  # optional: not part of vLLM's CachePolicy
-        self._policy_len: Callable[[], int] | None = sized if callable(sized) else None
         self._slots = SlotTable(num_blocks)
         self._refs = self._slots.refs
+        self._eviction = Eviction(policy, cache_policy, self._slots, self._fail_reads)
         # Policy callbacks left as the base class's no-ops are not called at all.
         self._mark_evictable = overridden(policy, "mark_evictable")
         self._mark_non_evictable = overridden(policy, "mark_non_evictable")
@@ -269,6 +265,16 @@ class CPUManagerState(OffloadingManager):
             hook(manager=self)
 
     _reset_cache = unguarded(reset_cache)
+
+    def _fail_reads(self, message: str) -> None:
+        """Every later cache read raises ``message`` (a policy's ``evict()`` lost track of
+        blocks: cpu/eviction.py), until ``reset_cache()`` binds the policy's lookup again."""
+
+        def failed(key: Any) -> NoReturn:
+            raise ManagerError(message)
+
+        self._get = failed
+
     _held_take_events = unguarded(take_events)
 
     def get_stats(self) -> OffloadingStats:
