@@ -27,7 +27,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 BEGIN, END = "<!-- tiered-flow:begin -->", "<!-- tiered-flow:end -->"
 BLOCK = 4096
 #: At most this many of the stack's own modules in one tiered request (issue 24: it was 11).
-STACK_MODULE_BOUND = 9  # promotions split out of jobs (issue 28); 8 again once cpu.state goes
+STACK_MODULE_BOUND = 9  # promotions split out of jobs; the CPU counters their own module (issue 28)
 STACK_PACKAGES = ("kv_offload.cpu.", "kv_offload.tiering.")
 
 

@@ -273,10 +273,8 @@ def test_second_thread_on_the_tiered_manager_is_refused() -> None:
 def test_tier_threads_never_call_the_manager(tmp_path: Path) -> None:
     """A replay through the fs tier (real I/O threads): every call into a manager method comes
     from the driving thread. ``threading.setprofile`` watches every thread started after it."""
-    from kv_offload.cpu.state import CPUManagerState
-
     codes = set()
-    for cls in (CPUOffloadingManager, CPUManagerState, TieringOffloadingManager):
+    for cls in (CPUOffloadingManager, TieringOffloadingManager):
         for value in vars(cls).values():
             function = getattr(value, "__wrapped__", value)
             if hasattr(function, "__code__"):

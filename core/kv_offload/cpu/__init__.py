@@ -1,6 +1,7 @@
-"""The CPU tier: the manager's request flow (``manager``), its state and construction
-(``state``), the slot table (``slots``), eviction (``eviction``), the reuse filter
-(``reuse_filter``), and input checks and error diagnosis (``validation``)."""
+"""The CPU tier: the manager, one class (``manager``), and its collaborators: what it is
+built from (``construction``), its counters (``counters``), the slot table (``slots``),
+eviction (``eviction``), the admission it asks (``reuse_filter``), and input checks and error
+diagnosis (``validation``)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,53 @@
-"""The CPU block manager: the request flow over the slot table and the eviction policy.
+"""The CPU block manager: which CPU slot holds which block, and when a slot may be read,
+written or reused; it never touches KV bytes.
 
-It decides which CPU slot holds which block, and when a slot may be read, written or reused;
-it never touches KV bytes. Slots and ref counts live in :class:`~kv_offload.cpu.slots.SlotTable`,
-which key holds which slot (and who is evicted) in the policy plugin. Every public method
-checks its whole input, then changes state: a call that raises a
-:class:`~kv_offload.ManagerError` leaves the manager as it was. The checks are yes-or-no on the
-fast path; :mod:`~kv_offload.cpu.validation` builds the error on the slow path.
+One class, as vLLM's ``cpu/manager.py`` is; its collaborators get explicit arguments: the slot
+table and ref counts (:class:`~kv_offload.cpu.slots.SlotTable`), the eviction step
+(:class:`~kv_offload.cpu.eviction.Eviction`), the policy plugin (which key holds which slot),
+the counters (:mod:`~kv_offload.cpu.counters`), and what it is built from
+(:mod:`~kv_offload.cpu.construction`). Every public method checks its whole input, then
+changes state: a call that raises a :class:`~kv_offload.ManagerError` leaves the manager as it
+was. The checks are yes-or-no on the fast path; :mod:`~kv_offload.cpu.validation` builds the
+error on the slow path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from ..admission import checked_admit
+from ..admission import AdmissionPolicy, checked_admit, overrides
+from ..base import OffloadingManager
 from ..block_status import BlockStatus
-from ..concurrency import concurrent_use_error, entry_guarded, unguarded
+from ..buffer import CPUKVBuffer
+from ..concurrency import concurrent_use_error, entry_guarded, new_entry_token, unguarded
+from ..errors import ManagerError
+from ..events import EventLog
 from ..keys import OffloadKey
-from ..types import CPULoadStoreSpec, LookupResult, PrepareStoreOutput, ReqContext
+from ..plugins.dispatch import HookErrorLog
+from ..plugins.loading import KVOffloadPluginManager
+from ..policies import CachePolicy
+from ..types import (
+    CPULoadStoreSpec,
+    LookupResult,
+    OffloadingEvent,
+    OffloadingStats,
+    PrepareStoreOutput,
+    ReqContext,
+)
 from . import validation as check
-from .slots import without_block
-from .state import MEDIUM_CPU, CPUManagerState
+from .construction import build_policy, check_num_blocks, overridden, plugin_setup
+from .counters import Counters
+from .eviction import Eviction
+from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, cpu_admission
+from .slots import SlotTable, without_block
+
+if TYPE_CHECKING:
+    from ..tiering.stats import TierStats
 
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
+MEDIUM_CPU = "CPU"
 _HIT, _MISS, _PENDING = LookupResult.HIT, LookupResult.MISS, LookupResult.PENDING
 
 
@@ -30,14 +55,17 @@ def _empty_store() -> PrepareStoreOutput:
     return PrepareStoreOutput([], CPULoadStoreSpec(()), [])
 
 
-class CPUOffloadingManager(CPUManagerState):
+class CPUOffloadingManager(OffloadingManager):
     """Tracks which block lives in which CPU slot, with a pluggable eviction policy.
 
     ``cache_policy`` names an installed policy plugin (``"lru"`` by default, ``"arc"``, or any
     third-party name); ``cache_policy_module_path`` is the out-of-tree fallback. With
     ``enable_events`` the manager records :class:`~kv_offload.OffloadingEvent` batches in
-    :attr:`event_log` for :meth:`take_events`. Construction, introspection and whole-cache
-    operations are in :class:`~kv_offload.cpu.state.CPUManagerState`.
+    :attr:`event_log` for :meth:`take_events`. ``store_threshold`` (2 or more) stores a block
+    from its ``store_threshold``-th offer on, offers counted for at most ``max_tracker_size``
+    keys, as vLLM does; ``admission`` (an :class:`~kv_offload.admission.AdmissionPolicy`,
+    exclusive with ``store_threshold``) is any other rule for which offered blocks the tier
+    stores (:mod:`~kv_offload.cpu.reuse_filter`).
 
     Single-threaded: each request-flow method (and ``pin``/``unpin``, ``take_events``,
     ``reset_cache``, ``shutdown``) takes the entry guard first
@@ -46,6 +74,91 @@ class CPUOffloadingManager(CPUManagerState):
     with nothing changed. ``get_stats()``, ``ref_count()``, ``block_id()`` and the ``num_*``
     properties are lock-free reads. Share it between threads with :func:`kv_offload.synchronized`.
     """
+
+    medium = MEDIUM_CPU
+
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str = "lru",
+        cache_policy_module_path: str | None = None,
+        enable_events: bool = False,
+        block_size_bytes: int | None = None,
+        kv_buffer: CPUKVBuffer | None = None,
+        plugin_manager: KVOffloadPluginManager | None = None,
+        store_threshold: int = 0,
+        max_tracker_size: int = DEFAULT_MAX_TRACKER_SIZE,
+        admission: AdmissionPolicy | None = None,
+    ) -> None:
+        check_num_blocks(num_blocks, kv_buffer)
+        chosen = cpu_admission(num_blocks, store_threshold, max_tracker_size, admission)
+        policy = build_policy(cache_policy, cache_policy_module_path, num_blocks)
+        if kv_buffer is None and block_size_bytes is not None:
+            kv_buffer = CPUKVBuffer(num_blocks, block_size_bytes)
+        self.kv_buffer = kv_buffer
+        self.num_blocks = num_blocks
+        self.cache_policy_name = cache_policy
+        self.store_threshold = store_threshold
+        self.max_tracker_size = max_tracker_size
+        #: What the tier asks before it stores (``store-threshold`` for ``store_threshold``
+        #: 2 or more, or the ``admission`` given); ``None``: every offered block is stored.
+        self.admission: AdmissionPolicy | None = chosen
+        self._admission_finished = (
+            overrides(chosen, "on_request_finished") if chosen is not None else None
+        )
+        self._policy: CachePolicy = policy
+        self._get = policy.fast_get()  # bound once: the manager's hottest call
+        self._slots = SlotTable(num_blocks)
+        self._refs = self._slots.refs
+        self._eviction = Eviction(policy, cache_policy, self._slots, self._fail_reads)
+        # Policy callbacks left as the base class's no-ops are not called at all.
+        self._mark_evictable = overridden(policy, "mark_evictable")
+        self._mark_non_evictable = overridden(policy, "mark_non_evictable")
+        self._on_request_finished = overridden(policy, "on_request_finished")
+        self._on_request_access = overridden(policy, "on_request_access")
+        self._on_store_miss = overridden(policy, "on_store_miss")
+        #: The stack's ordered event log (``None`` unless ``enable_events``).
+        self.event_log: EventLog | None = EventLog() if enable_events else None
+        self._closed = False
+        #: Set by a tiered manager built over this CPU tier: request tier filters are then
+        #: that manager's to check (a CPU-only manager refuses a filter naming tiers).
+        self.fronts_tiers = False
+        #: Set by a tiered manager with a write-back tier: called with each eviction's keys
+        #: and slots before the slots are freed, so it can take the victims' bytes.
+        self.eviction_sink: Callable[[list[OffloadKey], list[BlockStatus]], None] | None = None
+        self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
+        self.counters = Counters()
+        self._errors = HookErrorLog()
+        self.plugin_manager, self.hooks, self._own_plugins = plugin_setup(plugin_manager, policy)
+
+    # -- introspection --------------------------------------------------------------------
+
+    @property
+    def policy(self) -> CachePolicy:
+        return self._policy
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._slots.num_free
+
+    @property
+    def num_resident_blocks(self) -> int:
+        return self._slots.num_resident
+
+    @property
+    def num_storable_blocks(self) -> int:
+        """Slots a ``prepare_store`` could have now: free ones plus idle (evictable) ones."""
+        return self._slots.num_free + self._slots.num_evictable
+
+    def ref_count(self, key: OffloadKey) -> int | None:
+        """``ref_cnt`` of a resident block (-1 pending, 0 idle, n pinned), else ``None``."""
+        block = self._get(key)
+        return None if block is None else self._refs[block]
+
+    def block_id(self, key: OffloadKey) -> int | None:
+        """The CPU slot of a resident block, else ``None``."""
+        block = self._get(key)
+        return None if block is None else int(block)
 
     # -- request lifecycle ----------------------------------------------------------------
 
@@ -186,11 +299,9 @@ class CPUOffloadingManager(CPUManagerState):
         key_list, blocks = self._blocks_of(keys, req_context, operation)
         pinned = self._slots.pin(blocks)
         if pinned is None:
-            fix = "load only keys that lookup() answered HIT"
-            counts = self._slots.counts(blocks)
             if self._closed:
                 raise check.closed_error(operation)
-            raise check.key_state_error(operation, key_list, counts, check.not_readable, fix)
+            raise check.not_readable_error(operation, key_list, self._slots.counts(blocks))
         if self._mark_non_evictable is not None:
             refs = self._refs
             for key, block in zip(key_list, pinned):
@@ -208,12 +319,9 @@ class CPUOffloadingManager(CPUManagerState):
         key_list, blocks = self._blocks_of(keys, req_context, operation)
         unpinned = self._slots.unpin(blocks)
         if unpinned is None:
-            pinner = "prepare_load" if operation == "complete_load" else "pin"
-            fix = f"call {operation} only for keys pinned by {pinner}"
-            counts = self._slots.counts(blocks)
             if self._closed:
                 raise check.closed_error(operation)
-            raise check.key_state_error(operation, key_list, counts, check.not_pinned, fix)
+            raise check.not_pinned_error(operation, key_list, self._slots.counts(blocks))
         if self._mark_evictable is not None:
             refs = self._refs
             for key, block in zip(key_list, unpinned):
@@ -345,6 +453,80 @@ class CPUOffloadingManager(CPUManagerState):
             hook = self.hooks.store_failed
         if hook is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
+
+    # -- whole-cache operations -----------------------------------------------------------
+
+    @entry_guarded
+    def take_events(self) -> list[OffloadingEvent]:
+        """The events recorded since the last call (empty unless ``enable_events``); a failed
+        store's metadata-only removal is left out for keys stored again since."""
+        if self.event_log is None:
+            return []
+        return self.event_log.take(self._holds)
+
+    def _holds(self, medium: str, key: OffloadKey) -> bool:
+        """Whether ``medium`` holds ``key`` now (pending or loadable), for :meth:`take_events`:
+        only the CPU tier's failed stores are metadata-only removals."""
+        return medium == MEDIUM_CPU and self._policy.get(key) is not None
+
+    @entry_guarded
+    def reset_cache(self) -> None:
+        """Drop every block, pinned and pending ones included; counters restart at zero.
+
+        In-flight transfers are forgotten: completing them afterwards raises
+        :class:`~kv_offload.errors.KeyStateError`, as for keys that were never prepared. The reuse
+        filter's offer counts stay (they describe the engine's offers, not the cache; vLLM
+        keeps them too); ``stores_skipped`` restarts with the other counters.
+        """
+        self._policy.clear()
+        self._slots.clear()
+        self._get = self._policy.fast_get()  # also recovers a failed manager (cpu/eviction.py)
+        self.counters = Counters()
+        if (hook := self.hooks.cache_reset) is not None:
+            hook(manager=self)
+
+    _reset_cache = unguarded(reset_cache)
+
+    def _fail_reads(self, message: str) -> None:
+        """Every later cache read raises ``message`` (a policy's ``evict()`` lost track of
+        blocks: cpu/eviction.py), until ``reset_cache()`` binds the policy's lookup again."""
+
+        def failed(key: Any) -> NoReturn:
+            raise ManagerError(message)
+
+        self._get = failed
+
+    _held_take_events = unguarded(take_events)
+
+    def get_stats(self) -> OffloadingStats:
+        return self.counters.snapshot(self.num_blocks, self._slots)
+
+    def cpu_stats(self) -> OffloadingStats:
+        return self.get_stats()
+
+    def tier_stats(self) -> list[TierStats]:
+        return []
+
+    @entry_guarded
+    def shutdown(self) -> None:
+        """Release everything; later lookups, new requests and stores raise
+        :class:`~kv_offload.ManagerError`.
+
+        Shutdown always completes; a hook plugin that raises on the way is reported after.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        errors = self._errors
+        try:
+            errors.call(self._reset_cache)  # this call holds the entry guard
+            errors.fire(self.hooks.shutdown, manager=self)
+        finally:
+            for plugin in self._own_plugins:
+                self.plugin_manager.unregister(plugin)
+        errors.raise_pending()
+
+    _held_shutdown = unguarded(shutdown)
 
     # -- the request flow for a caller holding the entry guard -----------------------------
     # A tiered manager over this CPU tier takes this manager's entry token as its own (one

@@ -31,7 +31,9 @@ __all__ = [
     "malformed_keys",
     "not_pending",
     "not_pinned",
+    "not_pinned_error",
     "not_readable",
+    "not_readable_error",
     "short",
     "storable_error",
 ]
@@ -158,6 +160,23 @@ def key_state_error(
                 f"{operation}: key {short(key)} is {state}; {advice}", key=key, operation=operation
             )
     raise RuntimeError(f"{operation}: no key is in a wrong state")  # pragma: no cover
+
+
+def not_readable_error(
+    operation: str, key_list: Sequence[OffloadKey], counts: Sequence[int | None]
+) -> KeyStateError:
+    """Why ``pin`` (or ``prepare_load``) refused a batch: a key not readable now."""
+    advice = "load only keys that lookup() answered HIT"
+    return key_state_error(operation, key_list, counts, not_readable, advice)
+
+
+def not_pinned_error(
+    operation: str, key_list: Sequence[OffloadKey], counts: Sequence[int | None]
+) -> KeyStateError:
+    """Why ``unpin`` (or ``complete_load``) refused a batch: a key nobody pinned."""
+    pinner = "prepare_load" if operation == "complete_load" else "pin"
+    advice = f"call {operation} only for keys pinned by {pinner}"
+    return key_state_error(operation, key_list, counts, not_pinned, advice)
 
 
 def storable_error(
