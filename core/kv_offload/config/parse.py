@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
+from ..tiering.cascade_gate import merged_table
 from ..tiering.names import TierNameError, tier_names
 from .locate import KeyPath, Locator, Validator
 from .model import HooksConfig, StackConfig, TierConfig
@@ -133,7 +134,7 @@ def _parse_tiers(
             own = arguments.get("backpressure")
             if own is not None and not isinstance(own, Mapping):
                 raise v.fail((*prefix, "backpressure"), f"must be a table, got {own!r}")
-            arguments["backpressure"] = {**backpressure, **(own or {})}
+            arguments["backpressure"] = merged_table(backpressure, own)
         tiers.append(
             TierConfig(tier_type, values.get("module_path"), arguments, values.get("name"))
         )

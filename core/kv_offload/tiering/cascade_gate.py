@@ -27,14 +27,23 @@ The detector's defaults depend on the tier's ``locality``; see
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, KVOffloadError
 from ..tier_types import Locality
 from .backpressure import BackpressureDetector, DropPolicy, detector_registry, drop_policy_registry
 
-__all__ = ["CascadeGate", "DEFAULT_MAX_IN_FLIGHT_JOBS", "build_gate"]
+if TYPE_CHECKING:
+    from .base import SecondaryTierManager
+
+__all__ = [
+    "CascadeGate",
+    "DEFAULT_MAX_IN_FLIGHT_JOBS",
+    "build_gate",
+    "gate_ungated",
+    "merged_table",
+]
 
 DEFAULT_MAX_IN_FLIGHT_JOBS = 32
 _OWN_KEYS = (
@@ -86,6 +95,26 @@ class CascadeGate:
         self.detector.reset()
         self.policy.reset()
         self.peak_in_flight = self.in_flight
+
+
+def merged_table(
+    default: Mapping[str, Any] | None, own: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """A tier's ``backpressure`` table: the global ``default`` under the tier's ``own`` keys
+    (the tier's win, key by key); ``None`` when neither is given. The one place the global
+    table meets a tier's, for a config file and for tiers built in code alike."""
+    if default is None:
+        return None if own is None else dict(own)
+    return {**default, **(own or {})}
+
+
+def gate_ungated(tiers: Iterable[SecondaryTierManager], default: Mapping[str, Any]) -> None:
+    """Give every tier built without a cascade gate the gate the ``default`` table describes
+    (a manager's ``backpressure=`` argument: the global table for tiers built in code)."""
+    for tier in tiers:
+        if tier.cascade_gate is None:
+            locality = tier.locality or Locality.LOCAL
+            tier.cascade_gate = build_gate(merged_table(default, None), tier.name, locality)
 
 
 def build_gate(

@@ -22,8 +22,6 @@ recorded in the CPU manager's event log, so one log holds the whole stack's even
 from __future__ import annotations
 
 import logging
-import time
-from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -31,12 +29,12 @@ from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded
 from ..cpu import CPUOffloadingManager
-from ..cpu.validation import as_list, check_context, closed_error, not_bytes, short
-from ..errors import ConfigError, KeyStateError
+from ..cpu.validation import as_list, check_context, closed_error, not_bytes
+from ..errors import ConfigError
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookErrorLog
 from ..plugins.loading import register_if_hookimpl
-from ..tier_types import Locality, RequestOffloadingContext
+from ..tier_types import RequestOffloadingContext
 from ..types import (
     CPULoadStoreSpec,
     LookupResult,
@@ -46,12 +44,13 @@ from ..types import (
     ReqContext,
 )
 from .base import JobDirection, SecondaryTierManager
-from .cascade_gate import build_gate
+from .cascade_gate import gate_ungated
 from .jobs import Finished, JobTable
 from .names import name_tiers
 from .promotions import PromotionLimits
-from .request_scope import RequestScope, WholeRequest
+from .request_scope import LoadPins, RequestScope, WholeRequest
 from .stats import TieringStats, TierStats
+from .waiting import poll_until
 from .writes import StackWrites
 
 __all__ = ["TieringOffloadingManager"]
@@ -110,18 +109,14 @@ class TieringOffloadingManager(OffloadingManager):
         self.drain_timeout = drain_timeout
         self.plugin_manager = primary.plugin_manager
         if backpressure is not None:
-            for tier in self.tiers:
-                if tier.cascade_gate is None:
-                    locality = tier.locality or Locality.LOCAL
-                    tier.cascade_gate = build_gate(backpressure, tier.name, locality)
+            gate_ungated(self.tiers, backpressure)
         self._errors = HookErrorLog()
         block_size = primary.kv_buffer.block_size_bytes
         self._jobs = JobTable(self, self.tiers, self._errors, block_size, promotion_limits)
         self._promotions = self._jobs.promotions
         self._scope = RequestScope(self.tiers)
         self._closed = False
-        #: Engine pins (prepare_load minus complete_load) per key; cascade pins are not here.
-        self._load_pins: Counter[OffloadKey] = Counter()
+        self._load_pins = LoadPins()  # the engine's, not the cascades'
         #: The CPU tier's entry token: one guard for a call of the stack (concurrency.py).
         self._entry = primary._entry
         self._own_plugins = [
@@ -150,7 +145,7 @@ class TieringOffloadingManager(OffloadingManager):
         if self._closed:
             raise closed_error("prepare_load")
         spec = self.primary._held_prepare_load(keys, req_context)
-        self._load_pins.update(keys)
+        self._load_pins.add(keys)
         return spec
 
     @entry_guarded
@@ -161,24 +156,9 @@ class TieringOffloadingManager(OffloadingManager):
         if self._closed:
             raise closed_error("complete_load")
         key_list = keys if type(keys) is list else as_list(keys, "complete_load")
-        pins = self._load_pins
-        try:
-            unpinned = next((k for k in key_list if pins.get(k, 0) <= 0), None)
-        except TypeError:  # an unhashable key: the CPU tier names it
-            unpinned = None
-        if unpinned is not None:
-            raise KeyStateError(
-                f"complete_load: key {short(unpinned)} is not pinned by a prepare_load "
-                f"(completed already, or never prepared); call complete_load once per "
-                f"prepare_load",
-                key=unpinned,
-                operation="complete_load",
-            )
+        self._load_pins.check_pinned(key_list)
         self.primary._held_complete_load(key_list, req_context)
-        pins.subtract(key_list)
-        for k in key_list:
-            if pins[k] <= 0:
-                del pins[k]
+        self._load_pins.release(key_list)
 
     @entry_guarded
     def prepare_store(
@@ -396,22 +376,18 @@ class TieringOffloadingManager(OffloadingManager):
             return
         wanted = min(wanted, staging.capacity)
         self._submit_write_backs()
-        self._collect()
-        deadline = time.monotonic() + self.drain_timeout
-        delay = 0.0005
-        while staging.free < wanted and staging.in_use:
-            if time.monotonic() >= deadline:
-                logger.warning(
-                    "write-back: %d staging row(s) still in use after %.1f s (tiers: %s); "
-                    "victims without a row are not written back",
-                    staging.capacity - staging.free,
-                    self.drain_timeout,
-                    ", ".join(t.name for t in self.tiers if t.write_policy.value == "write-back"),
-                )
-                return
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-            self._collect()
+
+        def enough() -> bool:
+            return staging.free >= wanted or not staging.in_use
+
+        if not poll_until(enough, self._collect, self.drain_timeout):
+            logger.warning(
+                "write-back: %d staging row(s) still in use after %.1f s (tiers: %s); "
+                "victims without a row are not written back",
+                staging.capacity - staging.free,
+                self.drain_timeout,
+                ", ".join(t.name for t in self.tiers if t.write_policy.value == "write-back"),
+            )
 
     def _cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
         """Cascade the request's ``keys`` that are readable in the CPU tier to the tiers that
@@ -478,16 +454,10 @@ class TieringOffloadingManager(OffloadingManager):
         :class:`~kv_offload.errors.ManagerError` after ``timeout`` seconds."""
         self._submit_queued()
         self._submit_write_backs()
-        deadline = time.monotonic() + (self.drain_timeout if timeout is None else timeout)
-        delay = 0.0005
-        while True:
-            self._collect()
-            if not len(self._jobs):
-                return
-            if time.monotonic() >= deadline:
-                raise self._jobs.waiting_error()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        jobs = self._jobs
+        timeout_s = self.drain_timeout if timeout is None else timeout
+        if not poll_until(lambda: not len(jobs), self._collect, timeout_s):
+            raise jobs.waiting_error()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -512,11 +482,7 @@ class TieringOffloadingManager(OffloadingManager):
     def queued_promotions(self) -> dict[str, int]:
         """Blocks whose promotion is queued for the step end (not yet submitted), per tier
         name: what ``on_schedule_end()`` will hand out."""
-        out: dict[str, int] = {}
-        for (index, _), (_, keys, _) in self._promotions.queued.items():
-            name = self.tiers[index].name
-            out[name] = out.get(name, 0) + len(keys)
-        return out
+        return self._promotions.queued_per_tier([tier.name for tier in self.tiers])
 
     def has_pending_work(self) -> bool:
         """Whether tier jobs or queued promotions are outstanding."""

@@ -123,6 +123,14 @@ class Promotions:
         self.found.clear()
         self._asked_again.clear()
 
+    def queued_per_tier(self, names: Sequence[str]) -> dict[str, int]:
+        """Blocks whose promotion is queued for the step end, per tier name (tier ``i`` is
+        ``names[i]``)."""
+        out: dict[str, int] = {}
+        for (index, _), (_, keys, _) in self.queued.items():
+            out[names[index]] = out.get(names[index], 0) + len(keys)
+        return out
+
     def blocks_queued(self) -> int:
         return sum(len(keys) for _, keys, _ in self.queued.values())
 

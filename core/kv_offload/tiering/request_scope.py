@@ -8,6 +8,8 @@
   (the usual cascade); one still being promoted from a tier is parked and cascaded at a later
   ``on_schedule_end`` once it landed (dropped if the promotion failed, or when the request
   finishes first). Requests no tier asked about cost nothing.
+* **Engine pins** (:class:`LoadPins`): which keys an engine's ``prepare_load`` pinned and its
+  ``complete_load`` has not released, so a second ``complete_load`` cannot take a cascade's pin.
 * **Tier filters** (``ReqContext.load_tier_filter``, vLLM's ``TierFilter``): the tiers a
   request's ``lookup`` may ask, resolved once per distinct filter to tier positions. A filter
   naming a tier the stack does not have is an :class:`~kv_offload.errors.InvalidArgumentError`.
@@ -18,16 +20,18 @@ manager acts: it reads the CPU tier's ref counts and pins what is cascaded.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections import Counter
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import InvalidArgumentError
+from ..cpu.validation import short
+from ..errors import InvalidArgumentError, KeyStateError
 from ..keys import OffloadKey
 from ..tier_types import OffloadPolicy, RequestOffloadingContext, TierFilter
 from ..types import ReqContext
 from .base import SecondaryTierManager
 
-__all__ = ["RequestScope", "WholeRequest"]
+__all__ = ["LoadPins", "RequestScope", "WholeRequest"]
 
 _CHUNK = RequestOffloadingContext()
 _REQUEST = RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
@@ -40,6 +44,45 @@ class WholeRequest:
     context: ReqContext
     tiers: list[int]
     parked: list[OffloadKey] = field(default_factory=list)
+
+
+class LoadPins:
+    """The engine's pins (``prepare_load`` minus ``complete_load``) per key. A block may also
+    be pinned by a cascade job; without this count a second ``complete_load`` of a key would
+    take the cascade's pin and let the block be evicted while a tier reads it."""
+
+    def __init__(self) -> None:
+        self._pins: Counter[OffloadKey] = Counter()
+
+    def add(self, keys: Iterable[OffloadKey]) -> None:
+        self._pins.update(keys)
+
+    def check_pinned(self, keys: list[OffloadKey]) -> None:
+        """Raise :class:`~kv_offload.errors.KeyStateError` naming the first key the engine
+        has not pinned (an unhashable key is left for the CPU tier to name)."""
+        pins = self._pins
+        try:
+            unpinned = next((k for k in keys if pins.get(k, 0) <= 0), None)
+        except TypeError:
+            return
+        if unpinned is not None:
+            raise KeyStateError(
+                f"complete_load: key {short(unpinned)} is not pinned by a prepare_load "
+                f"(completed already, or never prepared); call complete_load once per "
+                f"prepare_load",
+                key=unpinned,
+                operation="complete_load",
+            )
+
+    def release(self, keys: list[OffloadKey]) -> None:
+        pins = self._pins
+        pins.subtract(keys)
+        for key in keys:
+            if pins[key] <= 0:
+                del pins[key]
+
+    def clear(self) -> None:
+        self._pins.clear()
 
 
 class RequestScope:
