@@ -183,7 +183,9 @@ class TieringOffloadingManager(OffloadingManager):
             self._collect()
         back = self._back
         if back is not None:
-            self._wait_for_rows(len(keys))
+            back.wait_for_rows(
+                len(keys), self._submit_write_backs, self._collect, self.drain_timeout
+            )
         output: PrepareStoreOutput | None = self._errors.call(
             primary._held_prepare_store, keys, req_context, protected=protected
         )
@@ -266,7 +268,7 @@ class TieringOffloadingManager(OffloadingManager):
         was admitted when the engine first stored it), writing back what it evicts."""
         back = self._back
         if back is not None:
-            self._wait_for_rows(1)
+            back.wait_for_rows(1, self._submit_write_backs, self._collect, self.drain_timeout)
         out: PrepareStoreOutput | None = self._errors.call(
             self.primary._held_prepare_store,
             [key],
@@ -365,29 +367,6 @@ class TieringOffloadingManager(OffloadingManager):
                 self._submit(index, _STORE, keys, rows, _WRITE_BACK_CONTEXT, staged=True)
             else:
                 back.release(keys)
-
-    def _wait_for_rows(self, wanted: int) -> None:
-        """Before a CPU call that may evict ``wanted`` dirty blocks: collect finished tier
-        jobs, and while fewer staging rows than that are free and write-back jobs are in
-        flight, wait for them (bounded by ``drain_timeout``: the eviction waits for its
-        write-backs, never forever). Victims that still find no row are not written back."""
-        staging = self._back.staging if self._back is not None else None
-        if staging is None or staging.free >= wanted:
-            return
-        wanted = min(wanted, staging.capacity)
-        self._submit_write_backs()
-
-        def enough() -> bool:
-            return staging.free >= wanted or not staging.in_use
-
-        if not poll_until(enough, self._collect, self.drain_timeout):
-            logger.warning(
-                "write-back: %d staging row(s) still in use after %.1f s (tiers: %s); "
-                "victims without a row are not written back",
-                staging.capacity - staging.free,
-                self.drain_timeout,
-                ", ".join(t.name for t in self.tiers if t.write_policy.value == "write-back"),
-            )
 
     def _cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
         """Cascade the request's ``keys`` that are readable in the CPU tier to the tiers that
