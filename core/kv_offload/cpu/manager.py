@@ -20,7 +20,7 @@ from ..admission import AdmissionPolicy, checked_admit, overrides
 from ..base import OffloadingManager
 from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
-from ..concurrency import concurrent_use_error, entry_guarded, new_entry_token, unguarded
+from ..concurrency import entry_guarded, new_entry_token, unguarded
 from ..errors import ManagerError
 from ..events import EventLog
 from ..keys import OffloadKey
@@ -69,7 +69,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     Single-threaded: each request-flow method (and ``pin``/``unpin``, ``take_events``,
     ``reset_cache``, ``shutdown``) takes the entry guard first
-    (:func:`~kv_offload.concurrency.entry_guarded`; ``lookup`` writes it out), so a second
+    (:func:`~kv_offload.concurrency.entry_guarded`), so a second
     thread, or a hook calling back into the flow, gets :class:`~kv_offload.ConcurrentUseError`
     with nothing changed. ``get_stats()``, ``ref_count()``, ``block_id()`` and the ``num_*``
     properties are lock-free reads. Share it between threads with :func:`kv_offload.synchronized`.
@@ -214,43 +214,10 @@ class CPUOffloadingManager(OffloadingManager):
             raise check.bad_batch(key_list, operation)
         return key_list, blocks
 
+    @entry_guarded
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is loadable now, ``PENDING`` if its store is in flight."""
-        # Called once per key, up to a dozen times a request: the guard is written out here,
-        # the lines entry_guarded wraps the other methods in, to save a wrapper frame per key.
-        entry = self._entry
-        try:
-            entry.pop()
-        except IndexError:
-            raise concurrent_use_error(self, "lookup") from None
-        try:
-            try:  # the context's req_id is read as an attribute here, not with getattr
-                req_id = req_context.req_id
-                block = self._get(key)
-            except (AttributeError, TypeError):
-                check.check_context(req_context, "lookup")
-                raise check.bad_batch([key], "lookup") from None
-            if req_id is None:
-                check.check_context(req_context, "lookup")
-            counters = self.counters
-            if block is None:
-                if self._closed:  # the cache is empty after shutdown: only misses pay the check
-                    raise check.closed_error("lookup")
-                counters.misses += 1
-                return _MISS
-            if self._refs[block] < 0:
-                counters.pending_lookups += 1
-                return _PENDING
-            counters.hits += 1
-            return _HIT
-        finally:
-            entry.append(True)
-
-    def _held_lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        """:meth:`lookup` for a caller holding the entry guard (a tiered manager over this CPU
-        tier shares its token): the same body, written out again to keep ``lookup`` itself
-        one frame."""
-        try:
+        try:  # the context's req_id is read as an attribute here, not with getattr
             req_id = req_context.req_id
             block = self._get(key)
         except (AttributeError, TypeError):
@@ -260,7 +227,7 @@ class CPUOffloadingManager(OffloadingManager):
             check.check_context(req_context, "lookup")
         counters = self.counters
         if block is None:
-            if self._closed:
+            if self._closed:  # the cache is empty after shutdown: only misses pay the check
                 raise check.closed_error("lookup")
             counters.misses += 1
             return _MISS
@@ -534,6 +501,7 @@ class CPUOffloadingManager(OffloadingManager):
     # these bodies while it holds it.
 
     _held_on_new_request = unguarded(on_new_request)
+    _held_lookup = unguarded(lookup)
     _held_on_request_finished = unguarded(on_request_finished)
     _held_prepare_load = unguarded(prepare_load)
     _held_complete_load = unguarded(complete_load)
