@@ -6,7 +6,9 @@ this file with each one's Python).
 * *request*: one request through a 4-block CPU tier (LRU) and an fs tier: a lookup promoted
   from disk, a load, a store that evicts and cascades, the finish, a step end.
 * *config*: ``load_config`` of a TOML file with an fs tier and a hook table, then
-  ``build_manager`` from it.
+  ``build_manager`` from it (and its ``shutdown``).
+* *load*: that ``load_config`` alone (read, parse, resolve the plugins, estimate memory): the
+  config package's one-way flow, without the stack it builds.
 
 For each: the project's modules in the order first entered (``sys.setprofile`` call events of
 frames whose module is ``kv_offload*``), the distinct module-to-module transitions, and the
@@ -131,13 +133,15 @@ capacity_blocks = 64
 """
 
 
-def config_walk(root: Path) -> dict[str, Any]:
+def config_walk(root: Path, build: bool = True) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     path = root / "stack.toml"
     path.write_text(CONFIG.format(root=root / "cfg-fs"))
 
     def load_and_build() -> None:
-        build_manager(load_config(path)).shutdown()
+        config = load_config(path)
+        if build:
+            build_manager(config).shutdown()
 
     return walk(load_and_build)
 
@@ -150,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         walks = {
             "request": request_walk(Path(tmp) / "request"),
             "config": config_walk(Path(tmp) / "config"),
+            "load": config_walk(Path(tmp) / "load", build=False),
         }
     if args.json:
         print(json.dumps(walks, indent=2))

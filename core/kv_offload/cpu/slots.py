@@ -22,13 +22,33 @@ from typing import Any, TypeVar
 
 from ..block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
 
-__all__ = ["SlotTable", "without_block"]
+__all__ = ["SlotTable", "not_pending", "not_pinned", "not_readable", "without_block"]
 
 K = TypeVar("K")
 
 #: A batch's blocks, ``None`` for an absent key. Typed ``Any`` so the checked loops below index
 #: the table and hand the batch back as ``list[BlockStatus]`` without a cast call per batch.
 Blocks = list[Any]
+
+
+# The rules of a slot's ref count (``None``: the key is not resident), one per checked change
+# below. Those loops inline them (a call per block would double their cost); these predicates
+# are what validation.py diagnoses a refused batch with, so each rule is written here only.
+
+
+def not_readable(count: int | None) -> bool:
+    """``pin`` refuses it: absent, or pending."""
+    return count is None or count < 0
+
+
+def not_pinned(count: int | None) -> bool:
+    """``unpin`` refuses it: absent, pending, or idle."""
+    return count is None or count <= 0
+
+
+def not_pending(count: int | None) -> bool:
+    """``finish_store`` refuses it: not a store in flight."""
+    return count != PENDING_REF_CNT
 
 
 def without_block(keys: list[K], blocks: Blocks) -> list[K]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..block_status import PENDING_REF_CNT
 from ..errors import (
     HookError,
     InvalidArgumentError,
@@ -19,6 +18,7 @@ from ..errors import (
     ManagerError,
 )
 from ..keys import OffloadKey
+from .slots import not_pending, not_pinned, not_readable
 
 __all__ = [
     "admitted",
@@ -29,29 +29,11 @@ __all__ = [
     "describe_victims",
     "key_state_error",
     "malformed_keys",
-    "not_pending",
-    "not_pinned",
     "not_pinned_error",
-    "not_readable",
     "not_readable_error",
     "short",
     "storable_error",
 ]
-
-
-# Which ref counts (``None``: not resident) rule a block out, per operation family.
-
-
-def not_readable(count: int | None) -> bool:
-    return count is None or count < 0
-
-
-def not_pinned(count: int | None) -> bool:
-    return count is None or count <= 0
-
-
-def not_pending(count: int | None) -> bool:
-    return count != PENDING_REF_CNT
 
 
 def short(key: object) -> str:
