@@ -3,15 +3,20 @@
 * :class:`RecordingPlugin` implements every hookspec and logs each call with all its
   arguments (generated from the specs, so a new hook or argument is recorded too).
 * :class:`NoOpObserver`, :class:`SeenTwiceAdmission` and :data:`EVENT_HOOKS` are the ones
-  ``benchmarks/hooks_overhead.py`` measures, from ``benchmarks/hook_observers.py`` (on
-  ``sys.path`` by ``tests/conftest.py``).
+  ``benchmarks/hooks_overhead.py`` measures, from ``benchmarks/hook_observers.py``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hook_observers import EVENT_HOOKS, SPECS, NoOpObserver, SeenTwiceAdmission, plugin_class
+from benchmarks.hook_observers import (
+    EVENT_HOOKS,
+    SPECS,
+    NoOpObserver,
+    SeenTwiceAdmission,
+    plugin_class,
+)
 
 __all__ = ["EVENT_HOOKS", "SPECS", "NoOpObserver", "RecordingPlugin", "SeenTwiceAdmission"]
 

@@ -8,11 +8,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-# The hook tests use the observers the hooks benchmark measures (benchmarks/hook_observers.py);
-# the dependency goes this way only: benchmarks never import test helpers.
-sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
 from _dists import ModuleFactory, PluginEnv
 from kv_offload.plugins import KVOffloadPluginManager, create_plugin_manager
 from kv_offload.policies import CachePolicyFactory

@@ -18,7 +18,6 @@ from _hook_helpers import (
     store,
 )
 from _hook_plugins import SPECS, RecordingPlugin
-from hook_observers import plugin_class
 from kv_offload import (
     CPUOffloadingManager,
     LookupResult,
@@ -29,6 +28,8 @@ from kv_offload import (
 )
 from kv_offload.errors import HookError
 from kv_offload.plugins import KVOffloadPluginManager, hookimpl
+
+from benchmarks.hook_observers import plugin_class
 
 # -- a raising plugin -------------------------------------------------------------------------
 

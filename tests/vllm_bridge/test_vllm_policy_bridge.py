@@ -11,7 +11,8 @@ from _vllm import require_vllm
 from kv_offload import CPUOffloadingManager, PluginError, ReqContext
 from kv_offload.errors import PluginNotFoundError
 from kv_offload.policies import CachePolicyFactory
-from scheduler_replay import load_trace, replay_kv_offload, replay_vllm
+
+from benchmarks.scheduler_replay import load_trace, replay_kv_offload, replay_vllm
 
 vllm_manager = require_vllm("vllm.v1.kv_offload.cpu.manager")
 vllm_factory = require_vllm("vllm.v1.kv_offload.cpu.policies.factory")

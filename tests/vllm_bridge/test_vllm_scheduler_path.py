@@ -32,7 +32,7 @@ from kv_offload.plugins import get_plugin_manager, hookimpl
 
 require_vllm("vllm.v1.core.sched.scheduler", needs_torch=True)
 
-from vllm_engine import BLOCK_BYTES, Engine, WrongBytes, cli_args, write_model_dir  # noqa: E402
+from benchmarks.vllm_engine import BLOCK_BYTES, Engine, WrongBytes, cli_args, write_model_dir  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "plugins" / "vllm_bridge" / "README.md"
 POLICIES = ["kvo_lru", "kvo_prefix-lru", "kvo_arc", "kvo_vllm-arc", "kvo_reuse"]
