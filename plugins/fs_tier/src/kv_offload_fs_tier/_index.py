@@ -1,0 +1,125 @@
+"""The fs tier's index: which blocks it holds, least recently used first, and its capacity.
+
+Scheduler thread only (no lock). Every block costs the same: 1 when the capacity is in blocks,
+the size of its file (header included) when it is in bytes. So the index keeps keys, not a
+cost per key, and ``used`` is a count times that cost. Blocks being written are counted
+against the capacity from the moment their store is submitted (``reserve``), and blocks being
+read are never evicted, so the index never holds more than the capacity and a load never
+loses its file.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+
+__all__ = ["BlockIndex"]
+
+
+class BlockIndex:
+    """Stored blocks (LRU order), stores in flight, loads in flight, the capacity."""
+
+    def __init__(self, capacity: int, cost: int) -> None:
+        #: In the capacity's unit (blocks, or bytes); shrunk when the disk fills first.
+        self.capacity = capacity
+        #: What one block costs of the capacity.
+        self.cost = cost
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        self._storing: set[bytes] = set()
+        self._loading: dict[bytes, int] = {}  # key -> loads in flight
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._blocks
+
+    def __iter__(self) -> Iterator[bytes]:
+        """The stored keys, least recently used first."""
+        return iter(self._blocks)
+
+    @property
+    def used(self) -> int:
+        return len(self._blocks) * self.cost
+
+    @property
+    def reserved(self) -> int:
+        """What the stores in flight hold of the capacity."""
+        return len(self._storing) * self.cost
+
+    @property
+    def num_storing(self) -> int:
+        return len(self._storing)
+
+    def storing(self, key: bytes) -> bool:
+        return key in self._storing
+
+    def room(self) -> int:
+        """Blocks that still fit besides the stored and reserved ones."""
+        return (self.capacity - self.used - self.reserved) // self.cost
+
+    def touch(self, key: bytes) -> bool:
+        """Make ``key`` the most recently used, if stored."""
+        if key in self._blocks:
+            self._blocks.move_to_end(key)
+            return True
+        return False
+
+    def add(self, keys: Iterable[bytes]) -> None:
+        """Blocks found on disk (at start, or when ``root_dir`` comes back)."""
+        for key in keys:
+            self._blocks[key] = None
+
+    def make_room(self, blocks: int) -> list[bytes] | None:
+        """Evict least recently used blocks that no load is reading until ``blocks`` more fit
+        (the victims, taken out of the index; their files are the caller's to delete), or
+        ``None`` and no change if they cannot."""
+        over = self.used + self.reserved + blocks * self.cost - self.capacity
+        if over <= 0:
+            return []
+        wanted = -(-over // self.cost)
+        loading = self._loading
+        victims: list[bytes] = []
+        for key in self._blocks:
+            if key not in loading:
+                victims.append(key)
+                if len(victims) == wanted:
+                    break
+        if len(victims) < wanted:
+            return None
+        for key in victims:
+            del self._blocks[key]
+        return victims
+
+    def reserve(self, keys: Iterable[bytes]) -> None:
+        """Stores of ``keys`` were submitted: they hold room until they land or fail."""
+        self._storing.update(keys)
+
+    def store_ended(self, key: bytes, landed: bool) -> None:
+        """A store of ``key`` ended; a landed block joins the index as the most recent."""
+        self._storing.remove(key)
+        if landed:
+            self._blocks[key] = None
+
+    def loads_started(self, keys: Iterable[bytes]) -> None:
+        loading = self._loading
+        for key in keys:
+            self._blocks.move_to_end(key)
+            loading[key] = loading.get(key, 0) + 1
+
+    def load_ended(self, key: bytes) -> None:
+        left = self._loading[key] - 1
+        if left:
+            self._loading[key] = left
+        else:
+            del self._loading[key]
+
+    def drop(self, key: bytes) -> bool:
+        """Forget a block whose file is bad; whether it was stored."""
+        return self._blocks.pop(key, False) is None
+
+    def clear(self) -> int:
+        """Forget every stored block (their directory is gone); how many there were."""
+        gone = len(self._blocks)
+        self._blocks.clear()
+        return gone

@@ -1,0 +1,91 @@
+"""A ``root_dir`` removed while the tier runs: noticed once, looked for again, reopened.
+
+Someone removes the directory (a cleanup script, an unmounted volume): every block in it is
+gone. Rather than fail each store with its own ``ENOENT`` warning, the tier says so once and
+fails its jobs at once, and looks for the directory again at most every :data:`ROOT_RETRY_S`
+seconds (only with no job in flight on the old one). When it exists again it is opened and
+scanned like at start (a remounted volume may come back with its blocks). Directories it
+replaced stay open until shutdown: I/O queued before the loss may still use their descriptors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from kv_offload.errors import ConfigError
+
+from ._layout import RootDir, ScanResult
+
+__all__ = ["ROOT_RETRY_S", "RootWatch"]
+
+logger = logging.getLogger("kv_offload.fs_tier")
+
+#: Seconds between two looks for a removed ``root_dir``.
+ROOT_RETRY_S = 1.0
+
+
+class RootWatch:
+    """Whether ``root_dir`` is gone, since when, and the directories it replaced."""
+
+    def __init__(self, path: Path, block_size: int, tier: str) -> None:
+        self.path = path
+        self.block_size = block_size
+        self.tier = tier
+        #: monotonic time the directory was found removed (``None``: present)
+        self.lost_since: float | None = None
+        self._checked = 0.0
+        self._old: list[RootDir] = []
+
+    @property
+    def gone(self) -> bool:
+        return self.lost_since is not None
+
+    def removed(self) -> bool:
+        """Whether the directory (or its ``blocks`` directory) no longer exists."""
+        return not (self.path / "blocks").is_dir()
+
+    def lose(self, blocks: int) -> None:
+        """The directory was removed with ``blocks`` blocks in it: say so once."""
+        self.lost_since = self._checked = time.monotonic()
+        logger.warning(
+            "tier %r: root_dir %s was removed while the tier ran (its %d blocks are gone); "
+            "its jobs fail at once until the directory exists again (looked for every %.0f s)",
+            self.tier,
+            self.path,
+            blocks,
+            ROOT_RETRY_S,
+        )
+
+    def reopen(self, current: RootDir, jobs_in_flight: bool) -> tuple[RootDir, ScanResult] | None:
+        """While gone: the directory opened and scanned again once it exists (looked for at
+        most every :data:`ROOT_RETRY_S`, and only with no job in flight on ``current``)."""
+        now = time.monotonic()
+        if now - self._checked < ROOT_RETRY_S or jobs_in_flight:
+            return None
+        self._checked = now
+        if not self.path.is_dir():
+            return None
+        try:
+            root = RootDir(self.path, self.block_size, self.tier)
+            scan = root.scan()
+        except (ConfigError, OSError) as exc:
+            logger.debug("tier %r: root_dir %s not usable yet: %s", self.tier, self.path, exc)
+            return None
+        self._old.append(current)
+        logger.warning(
+            "tier %r: root_dir %s is back after %.1f s (%d blocks in it); storing again",
+            self.tier,
+            self.path,
+            now - (self.lost_since or now),
+            len(scan.keys),
+        )
+        self.lost_since = None
+        return root, scan
+
+    def close(self) -> None:
+        """Shutdown: close the directories the current one replaced."""
+        for old in self._old:
+            old.close()
+        self._old.clear()
