@@ -406,7 +406,7 @@ def test_corrupt_and_vanished_values_fail_the_load_and_are_counted(
         if manager.get_stats().promotions_queued:
             break
         manager.on_schedule_end()
-        assert tier_of(manager)._lookups.wait(5.0)
+        assert tier_of(manager).settle_lookups(5.0)
     raw.delete(rkey(5))
     assert resolve(manager, [keys[5]], req) == [MISS]
     assert tier_of(manager).get_stats()["vanished_values"] == 1
