@@ -1,12 +1,13 @@
 """Fleet replays: a trace through several engine processes sharing the stack's shared tiers
 (``kv-offload replay ... --engines N --router NAME``). :mod:`.routers` picks each request's
-engine, :mod:`.engine` is one engine's process, :mod:`.dispatch` keeps the clock and the
-accounts."""
+engine, :mod:`.engine` is one engine's process, :mod:`.plan` says which tiers the engines
+share, :mod:`.dispatch` keeps the clock and :mod:`.accounts` the report."""
 
 from __future__ import annotations
 
-from .dispatch import FleetError, FleetPlan, finish_timeout, plan_fleet, run_fleet
+from .dispatch import FleetError, run_fleet
 from .engine import EngineSettings
+from .plan import FleetPlan, finish_timeout, plan_fleet
 from .routers import (
     ROUTER_ENTRY_POINT_GROUP,
     LeastLoaded,

@@ -1,136 +1,46 @@
 """A fleet replay: the trace through N engine processes that share the stack's shared tiers.
 
-Each engine is a process of its own (:mod:`kv_offload.fleet.engine`) with its own CPU tier
-and private tiers; tiers whose storage every engine reaches (a tier class with
-``shared_across_engines = True``, such as the Redis tier) are shared through their server.
-A private tier with a ``root_dir`` gets a directory per engine (``root_dir/engine-K``), since
-two processes must not manage one directory.
+Each engine is a process of its own (:mod:`kv_offload.fleet.engine`) running its stack of the
+plan (:mod:`kv_offload.fleet.plan`: which tiers it shares with the others).
 
 The dispatcher (this process) keeps the trace's clock: at each request's arrival it asks the
 router (:mod:`kv_offload.fleet.routers`) which live engine takes it, given each engine's
 unfinished requests, and sends it there. Every wait is bounded and every engine accounted
 for: an engine that cannot start stops the run with its reason; one that dies during the run
 is reported (which engine, its exit code or error) and the others' results still count; one
-that does not finish in time is stopped and reported. The run never hangs.
+that does not finish in time is stopped and reported (:mod:`kv_offload.fleet.accounts`). The
+run never hangs.
 """
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import queue
-import signal
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from ..config import StackConfig
 from ..errors import KVOffloadError
 from ..replay_clock import TimedRequest, check_clock
-from ..replay_report import latency_summary
-from ..tiering import SecondaryTierFactory
+from .accounts import EngineState, fleet_report
 from .engine import ERROR, FINISHED, READY, RESULT, EngineSettings, engine_main
+from .plan import FleetPlan
 from .routers import Router
 
-__all__ = ["FleetError", "FleetPlan", "plan_fleet", "run_fleet"]
+__all__ = ["FleetError", "run_fleet"]
 
 #: How long an engine may take to build its stack and say it is ready.
 START_TIMEOUT_S = 120.0
-#: Past the last request: how long engines may take to finish, on top of their drain and
-#: promotion timeouts, before they are stopped.
-FINISH_MARGIN_S = 60.0
-CPU = "CPU"
 
 
 class FleetError(KVOffloadError):
     """A fleet replay could not run: an engine did not start, or every engine died."""
 
 
-@dataclass(frozen=True)
-class FleetPlan:
-    """The engines' stacks and which tiers they share."""
-
-    stacks: list[StackConfig]
-    shared: list[str]
-    private: list[str]
-
-    def note(self) -> str | None:
-        """What a user should know before reading the figures (``None``: nothing)."""
-        if self.stacks and not self.shared:
-            kinds = ", ".join(self.private) or "none"
-            return (
-                f"nothing is shared: every tier of this stack is private to its engine "
-                f"(tiers: {kinds}); the fleet is {len(self.stacks)} isolated engines. Add a "
-                f'shared tier (type = "redis") to measure what sharing buys'
-            )
-        return None
-
-
-def _tier_name(tier: Any) -> str:
-    return str(tier.name or tier.type)
-
-
-def plan_fleet(stack: StackConfig, engines: int) -> FleetPlan:
-    """One stack per engine: shared tiers as they are, a private tier's ``root_dir`` moved
-    to ``root_dir/engine-K``."""
-    shared: list[str] = []
-    private: list[str] = []
-    for tier in stack.tiers:
-        cls = SecondaryTierFactory.registry.resolve(tier.type, tier.module_path)
-        (shared if getattr(cls, "shared_across_engines", False) else private).append(
-            _tier_name(tier)
-        )
-    stacks = []
-    for index in range(engines):
-        tiers = []
-        for tier in stack.tiers:
-            root = tier.arguments.get("root_dir")
-            if _tier_name(tier) in private and isinstance(root, str):
-                arguments = {**tier.arguments, "root_dir": str(Path(root) / f"engine-{index}")}
-                tier = replace(tier, arguments=arguments)
-            tiers.append(tier)
-        stacks.append(replace(stack, tiers=tuple(tiers)))
-    return FleetPlan(stacks, shared, private)
-
-
-@dataclass
-class _EngineState:
-    index: int
-    process: Any
-    inbox: Any
-    ready: bool = False
-    sent: int = 0
-    finished: int = 0
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    stopped: str | None = None  # why the dispatcher gave up on it
-
-    @property
-    def load(self) -> int:
-        return self.sent - self.finished
-
-    @property
-    def live(self) -> bool:
-        return self.result is None and self.error is None and self.stopped is None
-
-    def exit_reason(self) -> str:
-        code = self.process.exitcode
-        if code is None:
-            return "still running"
-        if code < 0:
-            try:
-                return f"killed by signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exited with code {code} before reporting"
-
-
 @dataclass
 class _Fleet:
-    engines: list[_EngineState]
+    engines: list[EngineState]
     outbox: Any
     progress: Callable[[int], None] | None = None
 
@@ -175,7 +85,7 @@ class _Fleet:
         elif kind == ERROR:
             engine.error = payload
 
-    def live(self) -> list[_EngineState]:
+    def live(self) -> list[EngineState]:
         return [e for e in self.engines if e.live]
 
 
@@ -202,7 +112,7 @@ def run_fleet(
             name=f"kv-offload-engine-{index}",
             daemon=True,
         )
-        engines.append(_EngineState(index, process, inbox))
+        engines.append(EngineState(index, process, inbox))
     fleet = _Fleet(engines, outbox, progress=progress)
     try:
         for engine in engines:
@@ -214,7 +124,7 @@ def run_fleet(
         seconds = time.monotonic() - started
     finally:
         _stop(fleet)
-    return _report(fleet, plan, requests, settings, seconds)
+    return fleet_report(fleet.engines, plan, requests, settings, seconds)
 
 
 def _wait_ready(fleet: _Fleet) -> None:
@@ -264,7 +174,7 @@ def _dispatch(
         engine.inbox.put(None)
 
 
-def _route(router: Router, request: TimedRequest, live: list[_EngineState]) -> int:
+def _route(router: Router, request: TimedRequest, live: list[EngineState]) -> int:
     index = router.route(request.keys, [e.load for e in live])
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(live):
         raise FleetError(
@@ -300,106 +210,3 @@ def _stop(fleet: _Fleet) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=5.0)
-
-
-def _ratio(part: float, whole: float) -> float:
-    return part / whole if whole else 0.0
-
-
-def _report(
-    fleet: _Fleet,
-    plan: FleetPlan,
-    requests: Sequence[TimedRequest],
-    settings: EngineSettings,
-    seconds: float,
-) -> dict[str, Any]:
-    tier_names = plan.shared + plan.private
-    per_engine = []
-    totals: Counter[str] = Counter()
-    origins: Counter[str] = Counter()
-    latencies: list[float] = []
-    incomplete = []
-    for engine in fleet.engines:
-        result = engine.result
-        row: dict[str, Any] = {"engine": engine.index, "requests_sent": engine.sent}
-        if result is None:
-            row.update(
-                status="failed",
-                reason=engine.error or engine.stopped or "no result",
-                lost_requests=engine.load,
-            )
-            per_engine.append(row)
-            continue
-        blocks = result["blocks"]
-        by_origin = result["hits_by_origin"]
-        row.update(
-            status="ok",
-            requests=result["requests"],
-            blocks=blocks,
-            hit_ratio=_ratio(result["hit_blocks"], blocks),
-            hit_ratio_by_tier={
-                name: _ratio(by_origin.get(name, 0), blocks) for name in [CPU, *tier_names]
-            },
-            late_blocks=result["late_blocks"],
-            promotion_latency_s=result["promotion_latency_s"],
-            corrupted_blocks=result["corrupted_blocks"],
-            evictions=result["evictions"],
-            tiers=result["tiers"],
-        )
-        if result["incomplete"]:
-            row["incomplete"] = result["incomplete"]
-            incomplete.append(f"engine {engine.index}: {result['incomplete']}")
-        per_engine.append(row)
-        for key in (
-            "requests",
-            "blocks",
-            "hit_blocks",
-            "late_blocks",
-            "verified_blocks",
-            "corrupted_blocks",
-            "stored_blocks",
-            "rejected_stores",
-        ):
-            totals[key] += result[key]
-        origins.update(by_origin)
-        latencies.extend(result["promotion_latencies"])
-    blocks = totals["blocks"]
-    by_tier = {name: _ratio(origins.get(name, 0), blocks) for name in [CPU, *tier_names]}
-    failed = [row for row in per_engine if row["status"] != "ok"]
-    trace_seconds = requests[-1].arrival_s - requests[0].arrival_s if requests else 0.0
-    return {
-        "fleet": {
-            "engines": len(fleet.engines),
-            "router": None,  # filled in by the caller, which knows the name
-            "shared_tiers": plan.shared,
-            "private_tiers": plan.private,
-            "note": plan.note(),
-        },
-        "timed": True,
-        "speed": settings.speed,
-        "step_seconds": settings.step_s,
-        "trace_seconds": trace_seconds,
-        "seconds": seconds,
-        "requests": totals["requests"],
-        "requests_sent": sum(e.sent for e in fleet.engines),
-        "blocks": blocks,
-        "hit_ratio": _ratio(totals["hit_blocks"], blocks),
-        "hit_ratio_by_tier": by_tier,
-        "shared_tier_share": sum(by_tier[name] for name in plan.shared),
-        "late_blocks": totals["late_blocks"],
-        "promotion_latency_s": latency_summary(latencies),
-        "verified_blocks": totals["verified_blocks"],
-        "corrupted_blocks": totals["corrupted_blocks"],
-        "stored_blocks": totals["stored_blocks"],
-        "rejected_stores": totals["rejected_stores"],
-        "engines": per_engine,
-        "failed_engines": len(failed),
-        "incomplete": "; ".join(incomplete) if incomplete else None,
-    }
-
-
-def finish_timeout(stack: StackConfig) -> float:
-    """How long engines may take after the last request: their drain and promotion bounds
-    plus a margin (their waiting requests, their shutdown)."""
-    bound = stack.drain_timeout_s + stack.promotion_timeout_s + FINISH_MARGIN_S
-    return bound if math.isfinite(bound) else FINISH_MARGIN_S
