@@ -21,44 +21,33 @@ the clock, scaled by ``speed``:
 Tier jobs run on the tiers' own threads meanwhile. Every wait is bounded: a request's wait by
 its budget and the manager's promotion deadline, the loop by :data:`MAX_REQUEST_WAIT_S`.
 
-Where a hit came from: a block the engine stored is a CPU hit; the first hit on a block a
-promotion brought in counts for that tier (later hits on it would have been CPU hits without
-the tier too). :class:`ReplayProbe`, a hook plugin registered for the run, sees the promotions
-land and every tier job finish (bytes and seconds, for the tier's achieved throughput).
+What the replay records, and where each hit came from: :mod:`kv_offload.replay_records`;
+where requests come from: :mod:`kv_offload.arrivals`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 
+from .arrivals import Arrivals, TraceArrivals
 from .errors import ConfigError
 from .keys import OffloadKey
 from .load_wait import LoadWaitPolicy
-from .plugins.hookspecs import hookimpl
 from .replay import Manager, block_bytes
-from .types import LookupResult, ReqContext
+from .replay_records import CPU, ReplayProbe, TimedReplayResult, TimedRequest
+from .types import LookupResult
 
 __all__ = [
-    "Arrivals",
     "DEFAULT_STEP_S",
     "Engine",
-    "TraceArrivals",
-    "check_clock",
-    "run_engine",
     "MAX_REQUEST_WAIT_S",
-    "ReplayProbe",
-    "TimedReplayResult",
-    "TimedRequest",
-    "TierJob",
-    "register_probe",
+    "check_clock",
     "replay_timed",
+    "run_engine",
 ]
 
 #: An engine step when nothing slows it down (vLLM's steps take 10-50 ms on a GPU).
@@ -66,94 +55,9 @@ DEFAULT_STEP_S = 0.01
 #: A safety net only: a request still waiting this long (wall seconds) stops waiting.
 #: The manager resolves every ``PENDING`` answer within its ``promotion_timeout_s``.
 MAX_REQUEST_WAIT_S = 120.0
-CPU = "CPU"
 
 _HIT = LookupResult.HIT
 _PENDING = LookupResult.PENDING
-
-
-@dataclass(frozen=True)
-class TimedRequest:
-    """A request of a timed replay: its context, prefix keys and arrival (trace seconds)."""
-
-    ctx: ReqContext
-    keys: list[OffloadKey]
-    arrival_s: float
-
-
-@dataclass(frozen=True)
-class TierJob:
-    """One finished tier job as :class:`ReplayProbe` saw it (``done`` is ``time.monotonic``
-    when the manager collected it, ``seconds`` the time since its submission)."""
-
-    tier: str
-    direction: str
-    nbytes: int
-    seconds: float
-    done: float
-    success: bool
-
-
-class ReplayProbe:
-    """A hook plugin the replay registers for its run: which tier each promoted block came
-    from, and every finished tier job."""
-
-    def __init__(self) -> None:
-        self.origin: dict[OffloadKey, str] = {}
-        self.jobs: list[TierJob] = []
-
-    @hookimpl
-    def kv_offload_blocks_loaded(self, keys: list[OffloadKey], medium: str) -> None:
-        if medium != CPU:  # a promotion landed in the CPU tier
-            origin = self.origin
-            for key in keys:
-                origin[key] = medium
-
-    @hookimpl
-    def kv_offload_tier_job_finished(
-        self, tier: str, direction: str, success: bool, nbytes: int, seconds: float
-    ) -> None:
-        self.jobs.append(TierJob(tier, direction, nbytes, seconds, time.monotonic(), success))
-
-
-@dataclass
-class TimedReplayResult:
-    """What a timed replay measured; wall-clock figures in seconds."""
-
-    requests: int = 0
-    blocks: int = 0
-    hit_blocks: int = 0
-    #: Hits by where the block came from: ``"CPU"`` or a tier's name (first hit after its
-    #: promotion landed).
-    hits_by_origin: Counter[str] = field(default_factory=Counter)
-    late_blocks: int = 0
-    waited_requests: int = 0
-    stored_blocks: int = 0
-    rejected_stores: int = 0
-    verified_blocks: int = 0
-    corrupted_blocks: int = 0
-    steps: int = 0
-    #: ``time.monotonic()`` (the replay's clock) at the start.
-    started: float = 0.0
-    seconds: float = 0.0
-    trace_seconds: float = 0.0
-    speed: float = 1.0
-    #: Seconds from a block's first ``PENDING`` answer to the ``HIT`` its request used.
-    promotion_latencies: list[float] = field(default_factory=list)
-    #: Seconds between a request's arrival and the step that admitted it.
-    admission_lags: list[float] = field(default_factory=list)
-
-    @property
-    def hit_ratio(self) -> float:
-        return self.hit_blocks / self.blocks if self.blocks else 0.0
-
-    @property
-    def promoted_hit_blocks(self) -> int:
-        return self.hit_blocks - self.hits_by_origin.get(CPU, 0)
-
-    @property
-    def blocks_per_second(self) -> float:
-        return self.blocks / self.seconds if self.seconds else 0.0
 
 
 class _Waiting:
@@ -271,50 +175,6 @@ class Engine:
             self.progress(len(keys))
 
 
-class Arrivals(Protocol):
-    """Where an engine loop's requests come from: the trace's clock (:class:`TraceArrivals`)
-    or, in a fleet, a router feeding each engine (:mod:`kv_offload.fleet`)."""
-
-    def due(self, now: float) -> list[tuple[TimedRequest, float]]:
-        """The requests arrived by ``now`` (``time.monotonic``), each with its arrival."""
-        ...
-
-    def next_at(self, now: float) -> float:
-        """When the next request may arrive (``now`` or later; ``math.inf``: none known)."""
-        ...
-
-    def exhausted(self) -> bool:
-        """No request will arrive any more."""
-        ...
-
-
-class TraceArrivals:
-    """The trace's requests at ``speed`` times their pace, from ``start`` on."""
-
-    def __init__(self, requests: Sequence[TimedRequest], speed: float, start: float) -> None:
-        self._pending = deque(requests)
-        self._first = requests[0].arrival_s if requests else 0.0
-        self._speed = speed
-        self._start = start
-
-    def _at(self, request: TimedRequest) -> float:
-        return self._start + (request.arrival_s - self._first) / self._speed
-
-    def due(self, now: float) -> list[tuple[TimedRequest, float]]:
-        pending = self._pending
-        out = []
-        while pending and self._at(pending[0]) <= now:
-            request = pending.popleft()
-            out.append((request, self._at(request)))
-        return out
-
-    def next_at(self, now: float) -> float:
-        return max(now, self._at(self._pending[0])) if self._pending else math.inf
-
-    def exhausted(self) -> bool:
-        return not self._pending
-
-
 def run_engine(
     engine: Engine,
     arrivals: Arrivals,
@@ -392,12 +252,3 @@ def replay_timed(
         engine.result.trace_seconds = requests[-1].arrival_s - requests[0].arrival_s
     arrivals = TraceArrivals(requests, float(speed), clock())
     return run_engine(engine, arrivals, step_s=step_s, clock=clock, sleep=sleep)
-
-
-def register_probe(manager: Any, probe: ReplayProbe) -> Callable[[], None]:
-    """Register ``probe`` on ``manager``'s plugin manager; returns the undo."""
-    pm = getattr(manager, "plugin_manager", None)
-    if pm is None:
-        return lambda: None
-    pm.register(probe, name=f"kv-offload-replay-probe-{id(probe)}")
-    return lambda: pm.unregister(probe)

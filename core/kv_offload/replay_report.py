@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .config.memory import human
-from .replay_clock import TierJob
+from .replay_records import TierJob
 
 __all__ = ["busy_seconds", "latency_summary", "tier_throughput"]
 

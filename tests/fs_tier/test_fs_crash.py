@@ -87,7 +87,7 @@ def test_sigkill_mid_write_never_serves_a_torn_block(tmp_path: Path, seed: int, 
     for i in sorted(present):
         assert promote(m, key(i), ctx) is HIT, i  # byte-identical (promote checks)
     # Blocks the writer finished but was killed before reporting are whole too.
-    extra = [k for k in tier.keys() if int.from_bytes(k[:8], "big") not in present]
+    extra = [k for k in tier.stored_keys() if int.from_bytes(k[:8], "big") not in present]
     for k in extra:
         assert promote(m, k, ctx) is HIT
     stats = tier.get_stats()

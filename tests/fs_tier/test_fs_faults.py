@@ -391,13 +391,13 @@ def test_capacity_holds_under_concurrent_stores(
     stats = tier.get_stats()
     assert 48 < len(ok) < 60 and stats.store_errors == {"full": 60 - len(ok)}
     assert len(tier) == 20 and stats.used == (20 if unit == "blocks" else 20 * file_size)
-    held = tier.keys()
+    held = tier.stored_keys()
     assert all(int.from_bytes(k[:8], "big") // 4 in ok for k in held)
     tier.shutdown()  # finishes the background deletes
     assert len(block_files(tmp_path / "fs")) == 20
     reader_cpu = CPUOffloadingManager(20, block_size_bytes=BLOCK)
     reader = standalone_tier(tmp_path / "fs", reader_cpu, **bound)
-    assert sorted(reader.keys()) == sorted(held)
+    assert sorted(reader.stored_keys()) == sorted(held)
     slots = np.arange(20, dtype=np.int64)
     reader.submit_load(JobMetadata(0, held, slots, JobDirection.LOAD, ReqContext("r")))
     done: list[Any] = []

@@ -137,15 +137,15 @@ class FsTierMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         self.tier.shutdown()
         self.tier = self._open()
-        assert set(self.tier.keys()) == set(self.model)
+        assert set(self.tier.stored_keys()) == set(self.model)
         assert self.tier.get_stats().recovered_blocks == len(self.model)
-        self.model = OrderedDict((k, self.model[k]) for k in self.tier.keys())
+        self.model = OrderedDict((k, self.model[k]) for k in self.tier.stored_keys())
         files = sorted(p.name for p in (self.root / "blocks").glob("*/*"))
         assert files == sorted(k.hex() for k in self.model)
 
     @invariant()
     def same_blocks(self) -> None:
-        assert self.tier.keys() == list(self.model)
+        assert self.tier.stored_keys() == list(self.model)
         assert len(self.tier) <= CAPACITY
         for k in UNIVERSE:
             assert self.tier.lookup(k, CTX) is (k in self.model)

@@ -15,13 +15,8 @@ from ..config import StackConfig
 from ..errors import KVOffloadError
 from ..load_wait import LoadWaitPolicy
 from ..replay import ReplayResult, drain_for_report, replay
-from ..replay_clock import (
-    ReplayProbe,
-    TimedReplayResult,
-    TimedRequest,
-    register_probe,
-    replay_timed,
-)
+from ..replay_clock import replay_timed
+from ..replay_records import ReplayProbe, TimedReplayResult, TimedRequest, register_probe
 from ..replay_report import latency_summary, tier_throughput
 from ..trace import arrival_seconds, read_trace
 from ..types import ReqContext

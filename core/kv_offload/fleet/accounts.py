@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..replay_clock import TimedRequest
+from ..replay_records import TimedRequest
 from ..replay_report import latency_summary
 from .engine import EngineSettings
 from .plan import FleetPlan

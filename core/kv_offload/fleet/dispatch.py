@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import KVOffloadError
-from ..replay_clock import TimedRequest, check_clock
+from ..replay_clock import check_clock
+from ..replay_records import TimedRequest
 from .accounts import EngineState, fleet_report
 from .engine import ERROR, FINISHED, READY, RESULT, EngineSettings, engine_main
 from .plan import FleetPlan

@@ -23,14 +23,8 @@ from ..build import build_manager
 from ..config import StackConfig
 from ..load_wait import build_load_wait
 from ..replay import drain_for_report
-from ..replay_clock import (
-    Engine,
-    ReplayProbe,
-    TimedReplayResult,
-    TimedRequest,
-    register_probe,
-    run_engine,
-)
+from ..replay_clock import Engine, run_engine
+from ..replay_records import ReplayProbe, TimedReplayResult, TimedRequest, register_probe
 from ..replay_report import latency_summary
 
 __all__ = ["EngineSettings", "QueueArrivals", "engine_main"]

@@ -176,7 +176,7 @@ class FileSystemTier(SecondaryTierManager):
     def __contains__(self, key: object) -> bool:
         return key in self._index
 
-    def keys(self) -> list[bytes]:
+    def stored_keys(self) -> list[bytes]:
         """The stored blocks' keys, least recently used first (a snapshot)."""
         return list(self._index)
 
