@@ -34,24 +34,22 @@ e.g. the next one during a rolling rotation) fails with kind ``"unknown_key"``; 
 live engines share should leave such a block in place (the Redis tier does; the fs tier,
 whose root has a single owner process, deletes it like any block it cannot verify).
 
-The secret never leaves this module: objects keep only derived keys and show key ids
-(``repr``), error messages name the variable, never its value.
+The secret never leaves :mod:`kv_offload.block_auth.keys`: objects keep only derived keys and
+show key ids (``repr``), error messages name the variable, never its value. Failures are
+reported by :mod:`kv_offload.block_auth.log`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import logging
-import os
 import struct
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .keys import MIN_SECRET_BYTES, DerivedKeys, blake3_available, read_secret
+from .log import AuthFailureLog
 
 __all__ = [
     "ALGORITHMS",
@@ -71,7 +69,6 @@ __all__ = [
 AUTH_KEY_ENV = "auth_key_env"
 AUTH_KEY_PREVIOUS_ENV = "auth_key_previous_env"
 #: A shorter secret is refused: 128 bits is the least a MAC key should carry.
-MIN_SECRET_BYTES = 16
 #: Algorithm ids as stored in a record.
 ALGORITHMS = {1: "blake3", 2: "hmac-sha256"}
 _ALGORITHM_IDS = {name: number for number, name in ALGORITHMS.items()}
@@ -84,17 +81,6 @@ _PREFIX = struct.Struct("<BIQHH")  # algorithm, key id, block size, format versi
 #: Failure kinds :meth:`BlockAuth.verify` returns (tiers add ``unsigned`` / ``signed``).
 AUTH_KINDS = ("bad_record", "algorithm", "unknown_key", "bad_mac", "unsigned", "signed")
 
-_blake3: Any
-try:
-    import blake3 as _blake3
-except ImportError:  # pragma: no cover - the shipped tiers depend on blake3
-    _blake3 = None
-
-
-def blake3_available() -> bool:
-    """Whether keyed BLAKE3 can be used here (the ``blake3`` package is importable)."""
-    return _blake3 is not None
-
 
 @dataclass(frozen=True)
 class AuthFailure:
@@ -103,61 +89,6 @@ class AuthFailure:
 
     kind: str
     message: str
-
-
-class _Key:
-    """The keys derived from one secret; the secret itself is not kept."""
-
-    __slots__ = ("_blake3_key", "_hmac_key", "key_id")
-
-    def __init__(self, secret: bytes) -> None:
-        self.key_id = int.from_bytes(
-            hashlib.blake2b(secret, digest_size=4, person=b"kvo-key-id").digest(), "little"
-        )
-        self._blake3_key = hashlib.blake2b(secret, digest_size=32, person=b"kvo-blake3").digest()
-        self._hmac_key = hashlib.blake2b(secret, digest_size=32, person=b"kvo-hmac").digest()
-
-    def __repr__(self) -> str:
-        return f"<key id {self.key_id:#010x}>"
-
-    def tag(self, algorithm: int, prefix: bytes, payload: Any) -> bytes:
-        if algorithm == 1:
-            if _blake3 is None:  # pragma: no cover - the callers check first
-                raise RuntimeError("keyed BLAKE3 needs the blake3 package")
-            hasher = _blake3.blake3(prefix, key=self._blake3_key)
-            hasher.update(payload)
-            return bytes(hasher.digest())
-        mac = hmac.new(self._hmac_key, prefix, "sha256")
-        mac.update(payload)
-        return mac.digest()
-
-
-def _read_secret(tier: str, config_key: str, variable: Any) -> bytes:
-    if not isinstance(variable, str) or not variable:
-        raise ConfigError(
-            f"tier {tier!r}: {config_key} must name an environment variable holding the "
-            f"secret, got {variable!r}",
-            key=config_key,
-        )
-    environ: Mapping[Any, Any] = os.environb if os.supports_bytes_environ else os.environ
-    name: Any = os.fsencode(variable) if os.supports_bytes_environ else variable
-    value = environ.get(name)
-    if value is None:
-        raise ConfigError(
-            f"tier {tier!r}: environment variable {variable!r} ({config_key}) is not set; "
-            f"export it with a random secret of at least {MIN_SECRET_BYTES} bytes (e.g. "
-            f"`openssl rand -base64 32`), the same on every engine of this tenant",
-            key=config_key,
-        )
-    secret = value if isinstance(value, bytes) else str(value).encode()
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ConfigError(
-            f"tier {tier!r}: the secret in {variable!r} ({config_key}) is {len(secret)} bytes, "
-            f"at least {MIN_SECRET_BYTES} are needed; use a random one (e.g. "
-            f"`openssl rand -base64 32`)",
-            key=config_key,
-        )
-    return bytes(secret)
 
 
 class BlockAuth:
@@ -195,8 +126,8 @@ class BlockAuth:
             )
         self._algorithm = _ALGORITHM_IDS[name]
         self._context = bytes(context)
-        self._current = _Key(current)
-        self._previous = None if previous is None else _Key(previous)
+        self._current = DerivedKeys(current)
+        self._previous = None if previous is None else DerivedKeys(previous)
         self._keys = {self._current.key_id: self._current}
         if self._previous is not None:
             if self._previous.key_id == self._current.key_id:
@@ -228,7 +159,7 @@ class BlockAuth:
                     key=AUTH_KEY_PREVIOUS_ENV,
                 )
             return None
-        current = _read_secret(tier, AUTH_KEY_ENV, auth_key_env)
+        current = read_secret(tier, AUTH_KEY_ENV, auth_key_env)
         previous = None
         if auth_key_previous_env is not None:
             if auth_key_previous_env == auth_key_env:
@@ -237,7 +168,7 @@ class BlockAuth:
                     f"{AUTH_KEY_ENV} ({auth_key_env!r}); it must hold the secret being retired",
                     key=AUTH_KEY_PREVIOUS_ENV,
                 )
-            previous = _read_secret(tier, AUTH_KEY_PREVIOUS_ENV, auth_key_previous_env)
+            previous = read_secret(tier, AUTH_KEY_PREVIOUS_ENV, auth_key_previous_env)
         try:
             return cls(current, previous, context=context, algorithm=algorithm)
         except ConfigError as exc:
@@ -328,62 +259,3 @@ def check_arguments(tier: str, arguments: Mapping[str, Any]) -> None:
         arguments.get(AUTH_KEY_PREVIOUS_ENV),
         context=b"validate",
     )
-
-
-class AuthFailureLog:
-    """Rate-limited reports of blocks that failed authentication, per tier.
-
-    A forger can plant blocks as fast as engines look them up, so a log line per block would
-    be a denial of service on the log. The first failure of each kind is a WARNING with its
-    message; later ones are counted and summarised at most every :attr:`interval` seconds.
-    Thread-safe (tiers verify on their I/O threads).
-    """
-
-    #: Seconds between two summaries of one kind.
-    interval = 10.0
-
-    def __init__(self, tier: str, logger: logging.Logger) -> None:
-        self.tier = tier
-        self.logger = logger
-        self._lock = threading.Lock()
-        self._kinds: dict[str, list[Any]] = {}  # kind -> [unreported, last summary, last]
-
-    def report(self, kind: str, message: str, consequence: str) -> None:
-        """Record one failure of ``kind``; ``consequence`` says what the tier did with it."""
-        now = time.monotonic()
-        with self._lock:
-            state = self._kinds.get(kind)
-            if state is None:
-                self._kinds[kind] = [0, now, message]
-                first = True
-            else:
-                state[0] += 1
-                state[2] = message
-                first = False
-                if now - state[1] < self.interval:
-                    return
-                count, since = state[0], now - state[1]
-                state[0], state[1] = 0, now
-        if first:
-            self.logger.warning(
-                "tier %r: a block failed authentication (%s: %s); %s. It is not served (a "
-                "miss). Later %s failures are counted in the tier's stats and summarised every "
-                "%.0f s",
-                self.tier,
-                kind,
-                message,
-                consequence,
-                kind,
-                self.interval,
-            )
-        else:
-            self.logger.warning(
-                "tier %r: %d more block(s) failed authentication (%s) in the last %.0f s "
-                "(last: %s); %s",
-                self.tier,
-                count,
-                kind,
-                since,
-                message,
-                consequence,
-            )
