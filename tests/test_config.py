@@ -21,14 +21,8 @@ from kv_offload import (
 )
 from kv_offload.config import DEFAULT_CONFIG
 from kv_offload.config import parse as config_module
-from kv_offload.config.schema import (
-    DOCS_PATH,
-    HOOK_FIELDS,
-    REGENERATE,
-    TOP_FIELDS,
-    docs_page,
-    docs_table,
-)
+from kv_offload.config.docs import DOCS_PATH, REGENERATE, docs_page, docs_table
+from kv_offload.config.schema import HOOK_FIELDS, TOP_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .schema import Field, Invalid
+from .rules import Invalid
+from .schema import Field
 
 __all__ = ["KeyPath", "Locator", "Validator", "did_you_mean", "dotted", "read_config_text"]
 

@@ -19,7 +19,8 @@ from ..tiering.cascade_gate import merged_table
 from ..tiering.names import TierNameError, tier_names
 from .locate import KeyPath, Locator, Validator
 from .model import HooksConfig, StackConfig, TierConfig
-from .schema import HOOK_FIELDS, REQUIRED, TABLES, TIER_FIELDS, TOP_FIELDS, Field
+from .rules import REQUIRED
+from .schema import HOOK_FIELDS, TABLES, TIER_FIELDS, TOP_FIELDS, Field
 
 __all__ = ["parse_config"]
 
