@@ -118,6 +118,16 @@ class BlockIndex:
         """Forget a block whose file is bad; whether it was stored."""
         return self._blocks.pop(key, False) is None
 
+    def shrink_to_used(self) -> bool:
+        """A full disk: the capacity becomes what is stored less a twentieth (room for the
+        files in flight), at least one block; whether that is below the capacity it had."""
+        used = self.used
+        fits = max(self.cost, used - used // 20)
+        if fits >= self.capacity:
+            return False
+        self.capacity = fits
+        return True
+
     def clear(self) -> int:
         """Forget every stored block (their directory is gone); how many there were."""
         gone = len(self._blocks)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import shutil
 import stat
@@ -32,6 +33,8 @@ from kv_offload.errors import ConfigError
 from . import _format
 
 __all__ = ["RootDir", "ScanResult", "key_name", "shard_of"]
+
+logger = logging.getLogger("kv_offload.fs_tier")
 
 NUM_SHARDS = 256
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -54,6 +57,24 @@ class ScanResult:
     temporary_files: int = 0
     wrong_size_files: int = 0
     foreign_entries: int = 0
+
+    def log(self, tier: str, root_dir: Path) -> None:
+        """Say what the start cleaned up or left alone (nothing when all was in order)."""
+        if self.temporary_files or self.wrong_size_files:
+            logger.info(
+                "tier %r: removed %d unfinished and %d wrong-size block file(s) left in %s",
+                tier,
+                self.temporary_files,
+                self.wrong_size_files,
+                root_dir,
+            )
+        if self.foreign_entries:
+            logger.warning(
+                "tier %r: %d entries under %s/blocks are not block files; left alone",
+                tier,
+                self.foreign_entries,
+                root_dir,
+            )
 
 
 class RootDir:

@@ -138,21 +138,7 @@ class FileSystemTier(SecondaryTierManager):
         stats.recovered(
             len(scan.keys), scan.temporary_files, scan.wrong_size_files, scan.foreign_entries
         )
-        if scan.temporary_files or scan.wrong_size_files:
-            logger.info(
-                "tier %r: removed %d unfinished and %d wrong-size block file(s) left in %s",
-                tier_type,
-                scan.temporary_files,
-                scan.wrong_size_files,
-                settings.root_dir,
-            )
-        if scan.foreign_entries:
-            logger.warning(
-                "tier %r: %d entries under %s/blocks are not block files; left alone",
-                tier_type,
-                scan.foreign_entries,
-                settings.root_dir,
-            )
+        scan.log(tier_type, settings.root_dir)
         self._make_room(0)  # the capacity may have shrunk since the blocks were written
         stats.startup_seconds = time.perf_counter() - started
 
@@ -411,9 +397,8 @@ class FileSystemTier(SecondaryTierManager):
         if self._shrunk:
             return  # once per full disk: files being deleted free the space after it
         index = self._index
-        used = index.used
-        fits = max(index.cost, used - used // 20)
-        if fits >= index.capacity:
+        before = index.capacity
+        if not index.shrink_to_used():
             return
         self._shrunk = True
         logger.warning(
@@ -421,12 +406,12 @@ class FileSystemTier(SecondaryTierManager):
             "capacity is now %d (evicting to make room); free space or lower the capacity",
             self.name,
             self.root_dir,
-            used,
+            index.used,
             self._stats.capacity_unit,
+            before,
             index.capacity,
-            fits,
         )
-        index.capacity = self._stats.capacity = fits
+        self._stats.capacity = index.capacity
         self._stats.capacity_shrinks += 1
         self._make_room(0)
 
