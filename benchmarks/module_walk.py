@@ -11,9 +11,13 @@ this file with each one's Python).
   config package's one-way flow, without the stack it builds.
 
 For each: the project's modules in the order first entered (``sys.setprofile`` call events of
-frames whose module is ``kv_offload*``), the distinct module-to-module transitions, and the
+frames whose module is ``kv_offload*``), the distinct module-to-module transitions, the
 *returns*: distinct transitions from a module back into one entered before it (counted once
-per pair, so polling loops do not change the figure).
+per pair, so polling loops do not change the figure; a driver module calling its own helper
+after a call out counts too), and the *call-backs*: distinct (caller, callee) module pairs
+where a module calls into one that is still running further down the stack, the cycles a
+reader has to hold in their head (``config`` and ``config_resolve`` calling each other was
+one).
 
     python benchmarks/module_walk.py [--json]
 """
@@ -40,12 +44,26 @@ def walk(action: Callable[[], Any]) -> dict[str, Any]:
     and how control moved between them."""
     sequence: list[str] = []
 
+    callbacks: set[tuple[str, str]] = set()
+
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event != "call":
             return
         module = str(frame.f_globals.get("__name__", ""))
-        if module.startswith("kv_offload") and (not sequence or sequence[-1] != module):
+        if not module.startswith("kv_offload"):
+            return
+        if not sequence or sequence[-1] != module:
             sequence.append(module)
+        caller = frame.f_back
+        caller_module = str(caller.f_globals.get("__name__", "")) if caller else ""
+        if caller is None or caller_module == module or not caller_module.startswith("kv_offload"):
+            return
+        below = caller.f_back
+        while below is not None:
+            if below.f_globals.get("__name__") == module:
+                callbacks.add((caller_module, module))
+                break
+            below = below.f_back
 
     sys.setprofile(profile)
     try:
@@ -67,6 +85,8 @@ def walk(action: Callable[[], Any]) -> dict[str, Any]:
         "transitions": len(edges),
         "returns": len(back),
         "return_pairs": [f"{a} -> {b}" for a, b in back],
+        "callbacks": len(callbacks),
+        "callback_pairs": [f"{a} -> {b}" for a, b in sorted(callbacks)],
     }
 
 
@@ -162,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, result in walks.items():
         print(
             f"{name}: {len(result['modules'])} modules, {result['transitions']} distinct "
-            f"transitions, {result['returns']} returns to a module entered before"
+            f"transitions, {result['returns']} returns to a module entered before, "
+            f"{result['callbacks']} call-backs into a module still running"
         )
         for i, module in enumerate(result["modules"], 1):
             print(f"  {i:2d}. {module}")

@@ -50,7 +50,7 @@ from .names import name_tiers
 from .promotions import PromotionLimits
 from .request_scope import LoadPins, RequestScope, WholeRequest
 from .stats import TieringStats, TierStats
-from .waiting import poll_until
+from .waiting import backoff
 from .writes import StackWrites
 
 __all__ = ["TieringOffloadingManager"]
@@ -183,9 +183,7 @@ class TieringOffloadingManager(OffloadingManager):
             self._collect()
         back = self._back
         if back is not None:
-            back.wait_for_rows(
-                len(keys), self._submit_write_backs, self._collect, self.drain_timeout
-            )
+            self._wait_for_rows(len(keys))
         output: PrepareStoreOutput | None = self._errors.call(
             primary._held_prepare_store, keys, req_context, protected=protected
         )
@@ -268,7 +266,7 @@ class TieringOffloadingManager(OffloadingManager):
         was admitted when the engine first stored it), writing back what it evicts."""
         back = self._back
         if back is not None:
-            back.wait_for_rows(1, self._submit_write_backs, self._collect, self.drain_timeout)
+            self._wait_for_rows(1)
         out: PrepareStoreOutput | None = self._errors.call(
             self.primary._held_prepare_store,
             [key],
@@ -368,6 +366,21 @@ class TieringOffloadingManager(OffloadingManager):
             else:
                 back.release(keys)
 
+    def _wait_for_rows(self, wanted: int) -> None:
+        """Before a CPU call that may evict ``wanted`` dirty blocks: while the write-back
+        staging is short of rows, submit the admitted write-backs and collect finished jobs,
+        for at most ``drain_timeout`` (the eviction waits for its write-backs, never forever);
+        victims that still find no row are not written back."""
+        back = self._back
+        if back is None or not back.short_of_rows(wanted):
+            return
+        self._submit_write_backs()
+        for _ in backoff(self.drain_timeout):
+            self._collect()
+            if not back.short_of_rows(wanted):
+                return
+        back.rows_timed_out(self.drain_timeout)
+
     def _cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
         """Cascade the request's ``keys`` that are readable in the CPU tier to the tiers that
         want it whole (the request scope decides, parking keys still being promoted)."""
@@ -433,10 +446,11 @@ class TieringOffloadingManager(OffloadingManager):
         :class:`~kv_offload.errors.ManagerError` after ``timeout`` seconds."""
         self._submit_queued()
         self._submit_write_backs()
-        jobs = self._jobs
-        timeout_s = self.drain_timeout if timeout is None else timeout
-        if not poll_until(lambda: not len(jobs), self._collect, timeout_s):
-            raise jobs.waiting_error()
+        for _ in backoff(self.drain_timeout if timeout is None else timeout):
+            self._collect()
+            if not len(self._jobs):
+                return
+        raise self._jobs.waiting_error()
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,7 +41,6 @@ from ..keys import OffloadKey
 from ..types import ReqContext
 from .staging import StagingRows
 from .stats import TierStats
-from .waiting import poll_until
 
 if TYPE_CHECKING:
     from .base import SecondaryTierManager
@@ -210,31 +209,23 @@ class WriteBack:
     def release(self, keys: Sequence[OffloadKey]) -> None:
         self.staging.release(keys)
 
-    def wait_for_rows(
-        self, wanted: int, flush: Callable[[], None], collect: Callable[[], None], timeout_s: float
-    ) -> None:
-        """Before a CPU call that may evict ``wanted`` dirty blocks: while fewer staging rows
-        than that are free and write-back jobs are in flight, ``flush`` the admitted batches
-        and ``collect`` finished jobs (the manager's, which release rows), for at most
-        ``timeout_s`` (the eviction waits for its write-backs, never forever). Victims that
-        still find no row are not written back (counted as dropped)."""
+    def short_of_rows(self, wanted: int) -> bool:
+        """Whether a CPU call that may evict ``wanted`` dirty blocks should wait: fewer
+        staging rows than that (at most all of them) are free, and write-backs in flight may
+        free some."""
         staging = self.staging
-        if staging.free >= wanted:
-            return
-        wanted = min(wanted, staging.capacity)
-        flush()
+        return staging.free < min(wanted, staging.capacity) and staging.in_use
 
-        def enough() -> bool:
-            return staging.free >= wanted or not staging.in_use
-
-        if not poll_until(enough, collect, timeout_s):
-            logger.warning(
-                "write-back: %d staging row(s) still in use after %.1f s (tiers: %s); "
-                "victims without a row are not written back",
-                staging.capacity - staging.free,
-                timeout_s,
-                ", ".join(tier.name for tier in self._tiers.values()),
-            )
+    def rows_timed_out(self, timeout_s: float) -> None:
+        """The wait for staging rows gave up: victims without a row are not written back."""
+        staging = self.staging
+        logger.warning(
+            "write-back: %d staging row(s) still in use after %.1f s (tiers: %s); victims "
+            "without a row are not written back",
+            staging.capacity - staging.free,
+            timeout_s,
+            ", ".join(tier.name for tier in self._tiers.values()),
+        )
 
     def holds(self, key: OffloadKey) -> bool:
         """Whether ``key`` is staged (evicted, its write-back not done)."""
