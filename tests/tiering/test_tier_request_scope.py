@@ -90,14 +90,14 @@ def test_on_new_request_lifecycle() -> None:
     ctx = ReqContext("chunk")
     assert m.on_new_request(ctx).policy is OffloadPolicy.CHUNK_LEVEL
     assert t1.started == t2.started == ["chunk"]
-    assert m._scope.whole == {}
+    assert m.whole_requests() == {}
     m.on_request_finished(ctx)
     t1.whole.add("whole")
     ctx = ReqContext("whole")
     assert m.on_new_request(ctx).policy is OffloadPolicy.REQUEST_LEVEL
-    assert m._scope.whole["whole"].tiers == [0]
+    assert m.whole_requests() == {"whole": ([m.tiers[0].name], [])}
     m.on_request_finished(ctx)
-    assert m._scope.whole == {}
+    assert m.whole_requests() == {}
     # The CPU manager alone has no tiers to ask.
     assert CPUOffloadingManager(4).on_new_request(ctx) is None
 
@@ -166,9 +166,9 @@ def test_block_being_promoted_is_parked_then_cascaded_when_it_lands() -> None:
     m.on_new_request(whole)
     assert m.lookup(k(7), whole) is PENDING  # promotion from t1 queued
     assert m.prepare_store(ks(7), whole) is not None
-    assert m._scope.whole["whole"].parked == ks(7)
+    assert m.whole_requests()["whole"][1] == ks(7)
     m.on_schedule_end()  # the promotion lands, then the parked key goes to t2
-    assert m._scope.whole["whole"].parked == []
+    assert m.whole_requests()["whole"][1] == []
     assert t2.stores()[-1].keys == ks(7)
     m.on_schedule_end()
     assert m.primary.ref_count(k(7)) == 0
@@ -267,7 +267,7 @@ def test_remote_locality_from_config_and_filter() -> None:
     assert near.locality is None and far.locality is Locality.REMOTE
     assert near.medium is Medium.CPU
     local_only = TierFilter(matchers=(TierMatcher(locality=Locality.LOCAL),))
-    assert m._scope.allowed(local_only) == (0,)  # None (unknown) matches, REMOTE does not
+    assert m.tiers_allowed(local_only) == [near.name]  # None (unknown) matches, REMOTE not
     m.shutdown()
 
 
@@ -350,9 +350,9 @@ def test_reset_cache_keeps_request_state() -> None:
     ctx = ReqContext("whole")
     m.on_new_request(ctx)
     m.reset_cache()
-    assert "whole" in m._scope.whole
+    assert "whole" in m.whole_requests()
     m.on_request_finished(ctx)
-    assert m._scope.whole == {}
+    assert m.whole_requests() == {}
 
 
 # -- lookup answers and vLLM's LookupResult -------------------------------------------------

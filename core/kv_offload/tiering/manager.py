@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookErrorLog
 from ..plugins.loading import register_if_hookimpl
-from ..tier_types import RequestOffloadingContext
+from ..tier_types import RequestOffloadingContext, TierFilter
 from ..types import (
     CPULoadStoreSpec,
     LookupResult,
@@ -476,6 +476,19 @@ class TieringOffloadingManager(OffloadingManager):
         """Blocks whose promotion is queued for the step end (not yet submitted), per tier
         name: what ``on_schedule_end()`` will hand out."""
         return self._promotions.queued_per_tier([tier.name for tier in self.tiers])
+
+    def whole_requests(self) -> dict[str, tuple[list[str], list[OffloadKey]]]:
+        """The requests some tiers want whole (request-level offload): per request, those
+        tiers' names and its keys parked until their promotion lands."""
+        names = [tier.name for tier in self.tiers]
+        return {
+            req_id: ([names[i] for i in whole.tiers], list(whole.parked))
+            for req_id, whole in self._scope.whole.items()
+        }
+
+    def tiers_allowed(self, tier_filter: TierFilter) -> list[str]:
+        """The names of the tiers a request with ``tier_filter`` may load from, in order."""
+        return [self.tiers[i].name for i in self._scope.allowed(tier_filter)]
 
     def has_pending_work(self) -> bool:
         """Whether tier jobs or queued promotions are outstanding."""
