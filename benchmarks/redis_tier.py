@@ -257,7 +257,7 @@ def lookups_per_s(tier: RedisTier, args: argparse.Namespace) -> dict[str, float]
         for k in keys:
             tier.lookup(k, ctx)
         tier.on_schedule_end()
-        if not tier._lookups.wait(60.0):
+        if not tier.settle_lookups(60.0):
             raise RuntimeError("lookups did not resolve")
         answered = sum(tier.lookup(k, ctx) is not None for k in keys)
         rates.append(count / (time.perf_counter() - start))
