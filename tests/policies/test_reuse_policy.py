@@ -20,7 +20,7 @@ class Harness(PolicyHarness[ReuseCachePolicy]):
 def distinct_slots(policy: ReuseCachePolicy, n: int) -> list[OffloadKey]:
     """``n`` keys whose history slots differ (Python's hash is salted per process), so that
     no collision in the table can blur a test of its rules."""
-    size = len(policy._table)
+    size = len(policy.memory.table)
     keys: dict[int, OffloadKey] = {}
     i = 0
     while len(keys) < n:
@@ -34,10 +34,10 @@ def snapshot(policy: ReuseCachePolicy) -> tuple[object, ...]:
         policy.p,
         policy.t1,
         policy.t2,
-        bytes(policy._table),
-        policy._epoch,
-        policy._stored_in_epoch,
-        [list(c) for c in policy._evicted],
+        bytes(policy.memory.table),
+        policy.memory.epoch,
+        policy.memory.stored_in_epoch,
+        [list(c) for c in policy.memory.evicted],
     )
 
 
@@ -95,7 +95,7 @@ def test_a_recent_ghost_moves_p_as_in_arc() -> None:
 def test_memory_is_bounded_and_forgets_after_the_window() -> None:
     c = 16
     h = Harness(c)
-    size = len(h.policy._table)
+    size = len(h.policy.memory.table)
     assert size == SLOTS_PER_BLOCK * c
     first, *others = distinct_slots(h.policy, (WINDOW + 2) * c)
     h.store([first])
@@ -110,20 +110,20 @@ def test_memory_is_bounded_and_forgets_after_the_window() -> None:
         h.store([k(rng.randrange(10**6)) for _ in range(rng.randrange(1, 4))])
         if i % 5 == 0:
             h.policy.touch([k(rng.randrange(10**6))], CTX)
-    assert len(h.policy._table) == size
-    epochs = {w >> 2 & 63 for w in h.policy._table if w}
+    assert len(h.policy.memory.table) == size
+    epochs = {w >> 2 & 63 for w in h.policy.memory.table if w}
     assert len(epochs) <= 64
     # Nothing older than the window: every remembered eviction is at most 63 epochs old.
-    stored_since = {(h.policy._epoch - e) % 64 for e in epochs}
+    stored_since = {(h.policy.memory.epoch - e) % 64 for e in epochs}
     assert max(stored_since) < 64
-    assert sum(map(sum, h.policy._evicted)) <= WINDOW * c + c
+    assert sum(map(sum, h.policy.memory.evicted)) <= WINDOW * c + c
 
 
 def test_the_deepest_remembered_key_vouches_for_its_prefix() -> None:
     c = 8
     h = Harness(c)
     chain = distinct_slots(h.policy, 4)
-    size = len(h.policy._table)
+    size = len(h.policy.memory.table)
     taken = {slot_of(key, size)[0] for key in chain}
     # Fillers whose slots miss the chain's, so no collision can blur the test.
     fillers = [key for key in map(k, range(100, 10_000)) if slot_of(key, size)[0] not in taken]
@@ -131,7 +131,7 @@ def test_the_deepest_remembered_key_vouches_for_its_prefix() -> None:
     for key in fillers[: 2 * c]:
         h.store([key])
     assert all(h.policy.remembered(key) is not None for key in chain)
-    table = h.policy._table
+    table = h.policy.memory.table
     slot, _ = slot_of(chain[1], len(table))
     table[slot] = 0  # as if a collision had overwritten k1's record
     h.store([*chain, k(999)])
@@ -148,7 +148,7 @@ def test_remove_leaves_no_memory_and_clear_forgets_everything() -> None:
     h.store([k(3), k(4), k(5), k(6)])
     h.policy.clear()
     assert len(h.policy) == 0 and h.policy.p == 2.0
-    assert not any(h.policy._table)
+    assert not any(h.policy.memory.table)
 
 
 # -- the evict() contract ------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_evict_is_all_or_nothing_and_skips_busy_and_protected_blocks() -> None:
 def table_of(policy: ReuseCachePolicy) -> dict[int, tuple[int, int, int]]:
     return {
         slot: (word >> 8, word >> 2 & 63, (word & 3) - 1)
-        for slot, word in enumerate(policy._table)
+        for slot, word in enumerate(policy.memory.table)
         if word
     }
 

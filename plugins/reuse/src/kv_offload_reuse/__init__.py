@@ -21,7 +21,8 @@ memory never grows. Ghost-list sizes for ``p``'s step are counted per epoch: evi
 the ghosts that came back (a record lost to a collision stays counted until its epoch ends).
 
 Modules: :mod:`.policy` (the policy; its speed tricks are guarded by
-``benchmarks/reuse_policy.py``), :mod:`.duel` (the miniatures), :mod:`.reference` (the same
+``benchmarks/reuse_policy.py``), :mod:`.memory` (the eviction memory), :mod:`.duel` (the
+miniatures), :mod:`.reference` (the same
 algorithm on plain lists and a dict, the oracle the tests hold the policy to step by step).
 The research behind the design, with every variant measured, is in this distribution's
 README.
@@ -29,6 +30,7 @@ README.
 
 from __future__ import annotations
 
-from .policy import MODES, SLOTS_PER_BLOCK, WINDOW, ReuseCachePolicy, slot_of
+from .memory import SLOTS_PER_BLOCK, WINDOW, slot_of
+from .policy import MODES, ReuseCachePolicy
 
 __all__ = ["ReuseCachePolicy", "WINDOW", "SLOTS_PER_BLOCK", "MODES", "slot_of"]

@@ -1,37 +1,29 @@
 """The reuse-aware policy itself (the algorithm is described in :mod:`kv_offload_reuse`).
 
-Speed tricks (C-level ``map``/``compress`` over a batch, an ``array('H')`` table with a numpy
-view for the periodic wipe) are guarded by ``benchmarks/reuse_policy.py`` and by
-:mod:`kv_offload_reuse.reference`, which the tests hold this module to step by step.
+Speed tricks (C-level ``map``/``compress`` over a batch) are guarded by
+``benchmarks/reuse_policy.py`` and by :mod:`kv_offload_reuse.reference`, which the tests hold
+this module to step by step. The eviction memory is :mod:`kv_offload_reuse.memory`.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from itertools import compress, islice
 from math import ceil
 from operator import attrgetter, itemgetter, not_
 
-import numpy as np
 from kv_offload import ConfigError, OffloadKey, ReqContext
 from kv_offload.policies import BlockStatus, CachePolicy
 from xxhash import xxh3_64_intdigest as stable_hash
 
 from .duel import Miniature, sample_rate, sampled
+from .memory import FROM_T1, FROM_T2, SLOTS_PER_BLOCK, WINDOW, EvictionMemory, slot_of
 
 __all__ = ["ReuseCachePolicy", "WINDOW", "SLOTS_PER_BLOCK", "MODES", "slot_of"]
 
-#: The memory spans this many cache capacities of stored blocks.
-WINDOW = 8
-#: History words per cache block (2 bytes each).
-SLOTS_PER_BLOCK = 32
 #: ARC's ``p`` (the target size of T1) starts here, as a fraction of the capacity.
 INITIAL_P = 0.5
-_EPOCHS = 64  # epoch numbers wrap at 64 (6 bits); the window is 64 epochs
-_FROM_T1 = 2
-_FROM_T2 = 3
 
 _Victims = list[tuple[OffloadKey, BlockStatus]]
 _key = itemgetter(0)
@@ -53,23 +45,13 @@ def _score(mini: Miniature) -> float:
     return mini.score
 
 
-def slot_of(key: OffloadKey, size: int) -> tuple[int, int]:
-    """The table slot and 8-bit fingerprint of a key, from a hash of its bytes that is the
-    same in every process (Python's ``hash`` of bytes is salted per process: decisions taken
-    from it made the hit ratio depend on ``PYTHONHASHSEED``)."""
-    h = stable_hash(key)
-    return h % size, h >> 56
-
-
 class ReuseCachePolicy(CachePolicy):
     """ARC whose ghosts are a bounded hash table spanning ``WINDOW`` capacities of stores.
 
     * ``_resident``: key -> block over T1 and T2; ``fast_get`` returns its bound C ``get``.
     * ``_t1`` / ``_t2``: ``OrderedDict`` recency lists, least recent first (T1: blocks stored
       once and not reused; T2: blocks reused, or stored again after an eviction).
-    * ``_table``: the eviction memory (see the module docstring), an ``array('H')`` for fast
-      per-key access with a numpy view over the same buffer for the periodic wipe.
-    * ``_evicted[list][epoch]``: evictions per epoch, for ARC's ghost-list sizes.
+    * ``memory``: the eviction memory (:class:`~kv_offload_reuse.memory.EvictionMemory`).
     """
 
     def __init__(
@@ -83,10 +65,7 @@ class ReuseCachePolicy(CachePolicy):
         self._resident: dict[OffloadKey, BlockStatus] = {}
         self._t1: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
         self._t2: OrderedDict[OffloadKey, BlockStatus] = OrderedDict()
-        self._size = SLOTS_PER_BLOCK * cache_capacity
-        self._table = array("H", bytes(2 * self._size))
-        self._words = np.frombuffer(self._table, dtype=np.uint16)
-        self._epoch_blocks = max(1, (WINDOW * cache_capacity) // _EPOCHS)
+        self.memory = EvictionMemory(cache_capacity)
         self.clear()
 
     def get(self, key: OffloadKey) -> BlockStatus | None:
@@ -99,13 +78,7 @@ class ReuseCachePolicy(CachePolicy):
         self._resident.clear()
         self._t1.clear()
         self._t2.clear()
-        self._words[:] = 0
-        self._epoch = 0
-        self._stored_in_epoch = 0
-        self._evicted = ([0] * _EPOCHS, [0] * _EPOCHS)  # remembered evictions per epoch
-        self._ghosts = [0, 0]  # their totals
-        self._cumulative = [0, 0]  # every eviction since clear(), per list
-        self._cumulative_at = ([0] * _EPOCHS, [0] * _EPOCHS)  # ... when each epoch began
+        self.memory.clear()
         self._p = self.cache_capacity * INITIAL_P
         # The split REPLACE uses: ARC's p, or 0 while the miniature with p pinned there leads.
         self._mode = self._initial_mode
@@ -140,26 +113,12 @@ class ReuseCachePolicy(CachePolicy):
         return len(self._resident)
 
     def ghost_sizes(self) -> tuple[int, int]:
-        """ARC's |B1| and |B2|: the remembered evictions from T1 and T2, within ARC's own
-        bounds (|T1| + |B1| <= c, and |B1| + |B2| <= c once the cache is full)."""
-        c = self.cache_capacity
-        b1 = min(max(0, c - len(self._t1)), self._ghosts[0])
-        return b1, min(c - b1, self._ghosts[1])
-
-    def _in_arc_ghosts(self, origin: int, left: int) -> bool:
-        """Whether an eviction from list ``origin`` in epoch ``left`` would still be in ARC's
-        ghost list: no more evictions from that list since that epoch began than the list
-        may hold."""
-        since = self._cumulative[origin] - self._cumulative_at[origin][left]
-        return since <= self.ghost_sizes()[origin]
+        """ARC's |B1| and |B2| (:meth:`EvictionMemory.ghost_sizes`)."""
+        return self.memory.ghost_sizes(len(self._t1))
 
     def remembered(self, key: OffloadKey) -> tuple[int, int] | None:
         """``(list it left: 1 or 2, epochs since)`` if ``key``'s eviction is remembered."""
-        slot, fingerprint = slot_of(key, self._size)
-        word = self._table[slot]
-        if not word or word >> 8 != fingerprint:
-            return None
-        return (word & 3) - 1, (self._epoch - (word >> 2 & 63)) % _EPOCHS
+        return self.memory.remembered(key)
 
     # -- insertion and reuse ------------------------------------------------------------------
 
@@ -176,7 +135,8 @@ class ReuseCachePolicy(CachePolicy):
         consumed in order, moving ``p`` if it was still one of ARC's ghosts.
         """
         resident = self._resident
-        table = self._table
+        memory = self.memory
+        table = memory.table
         if len(set(keys)) != len(keys):  # never sent by the manager: one key at a time
             for key, block in zip(keys, blocks):
                 self.insert_many([key], [block])
@@ -185,7 +145,7 @@ class ReuseCachePolicy(CachePolicy):
             for key in keys:
                 self.remove(key)
         hashes = list(map(stable_hash, keys))
-        slots = list(map(self._size.__rmod__, hashes))
+        slots = list(map(memory.size.__rmod__, hashes))
         words = list(map(table.__getitem__, slots))
         # A word is 0 when empty; a record's word never is (its list bits are 2 or 3).
         matches = [word != 0 and word >> 8 == h >> 56 for word, h in zip(words, hashes)]
@@ -204,22 +164,18 @@ class ReuseCachePolicy(CachePolicy):
             self._t1.update(compress(pairs, map(not_, reused)))
             self._vouched = _EMPTY
         resident.update(zip(keys, blocks))
-        self._count_stored(len(keys))
+        self.memory.count_stored(len(keys))
 
     def _consume_record(self, slot: int, word: int) -> None:
-        """A remembered eviction came back: forget it, and if it was still one of ARC's
-        ghosts, move p towards the list that lost it (ARC's cases II and III)."""
-        self._table[slot] = 0
-        left = word >> 2 & 63
-        origin = (word & 3) - _FROM_T1
-        if self._in_arc_ghosts(origin, left):
-            b1, b2 = self.ghost_sizes()
+        """A remembered eviction came back; if it was still one of ARC's ghosts, move p
+        towards the list that lost it (ARC's cases II and III)."""
+        origin, sizes = self.memory.consume(slot, word, len(self._t1))
+        if sizes is not None:
+            b1, b2 = sizes
             if origin == 0:
                 self._p = min(self.cache_capacity, self._p + max(1.0, b2 / max(b1, 1)))
             else:
                 self._p = max(0.0, self._p - max(1.0, b1 / max(b2, 1)))
-        self._evicted[origin][left] -= 1
-        self._ghosts[origin] -= 1
 
     def on_request_access(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
         """Keys before a resident one in a request's prefix were requested before (the
@@ -238,26 +194,6 @@ class ReuseCachePolicy(CachePolicy):
             self._vouched = set(compress(keys[:deepest], map(not_, present)))
         else:
             self._vouched = _EMPTY
-
-    def _count_stored(self, count: int) -> None:
-        self._stored_in_epoch += count
-        while self._stored_in_epoch >= self._epoch_blocks:
-            self._stored_in_epoch -= self._epoch_blocks
-            self._next_epoch()
-
-    def _next_epoch(self) -> None:
-        """Advance the clock; every 8 epochs, wipe the 8 that the next ones will reuse."""
-        epoch = self._epoch = (self._epoch + 1) % _EPOCHS
-        if epoch % 8 == 0:
-            words = self._words
-            stale = (words >> 5 & 7) == epoch // 8
-            stale &= words != 0
-            words[stale] = 0
-            for origin, counts in enumerate(self._evicted):
-                self._ghosts[origin] -= sum(counts[epoch : epoch + 8])
-                counts[epoch : epoch + 8] = [0] * 8
-        for origin in (0, 1):
-            self._cumulative_at[origin][epoch] = self._cumulative[origin]
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Replay the request's sampled keys through the miniatures; follow the leader."""
@@ -325,8 +261,8 @@ class ReuseCachePolicy(CachePolicy):
             or not protected.isdisjoint(map(_key, picked1))
             or not protected.isdisjoint(map(_key, picked2))
         ):
-            self._forget(picked1, t1, _FROM_T1)
-            self._forget(picked2, t2, _FROM_T2)
+            self._forget(picked1, t1, FROM_T1)
+            self._forget(picked2, t2, FROM_T2)
             return picked1 + picked2
         return self._evict_scanning(n, protected, from1)
 
@@ -344,8 +280,8 @@ class ReuseCachePolicy(CachePolicy):
             if len(picked1) + len(picked2) < n:
                 return None
         # The generators are abandoned here, before the lists they walk change.
-        self._forget(picked1, t1, _FROM_T1)
-        self._forget(picked2, t2, _FROM_T2)
+        self._forget(picked1, t1, FROM_T1)
+        self._forget(picked2, t2, FROM_T2)
         return picked1 + picked2
 
     def _forget(
@@ -357,12 +293,4 @@ class ReuseCachePolicy(CachePolicy):
         keys = list(map(_key, victims))
         _consume(map(listed.__delitem__, keys))
         _consume(map(self._resident.__delitem__, keys))
-        table = self._table
-        size = self._size
-        stamp = self._epoch << 2 | origin
-        for h in map(stable_hash, keys):
-            table[h % size] = (h >> 56) << 8 | stamp
-        origin -= _FROM_T1
-        self._evicted[origin][self._epoch] += len(victims)
-        self._ghosts[origin] += len(victims)
-        self._cumulative[origin] += len(victims)
+        self.memory.remember(keys, origin)

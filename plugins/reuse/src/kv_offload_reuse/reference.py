@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from kv_offload import OffloadKey, ReqContext
 from kv_offload.policies import BlockStatus, CachePolicy
 
-from .policy import SLOTS_PER_BLOCK, WINDOW, slot_of
+from .memory import SLOTS_PER_BLOCK, WINDOW, slot_of
 
 __all__ = ["ReferenceReusePolicy"]
 
