@@ -22,11 +22,11 @@ from . import _format, _io
 from ._layout import RootDir, key_name
 from ._spares import SparePool
 
-__all__ = ["EvictShare", "IOContext", "LoadShare", "Outcome", "StoreShare", "os_reason"]
+__all__ = ["EvictShare", "IOContext", "Items", "LoadShare", "Outcome", "StoreShare", "os_reason"]
 
 logger = logging.getLogger("kv_offload.fs_tier")
 
-#: A share's items: (key, CPU slot, shard).
+#: A share's items: (key, CPU slot, shard); an eviction's slot is unused.
 Items = list[tuple[bytes, int, int]]
 
 
@@ -183,7 +183,7 @@ class LoadShare(_Share):
 class EvictShare:
     """Evicted blocks' files: kept as spares while the pool has room, else deleted."""
 
-    def __init__(self, io: IOContext, items: list[tuple[bytes, int]]) -> None:
+    def __init__(self, io: IOContext, items: Items) -> None:
         self.io = io
         self.items = items
 
@@ -194,7 +194,7 @@ class EvictShare:
         root = io.root
         file_size = _format.file_size(io.block_size)
         removed = 0
-        for key, shard in self.items:
+        for key, _, shard in self.items:
             try:
                 if io.spares.recycle(root.shard_fds[shard], key_name(key), root.tmp_fd, file_size):
                     removed += 1

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from kv_offload import OffloadKey, ReqContext
-from kv_offload.block_auth import AUTH_KINDS, AuthFailureLog
+from kv_offload.block_auth import AuthFailureLog
 from kv_offload.tiering import (
     JobDirection,
     JobMetadata,
@@ -40,13 +40,13 @@ from kv_offload.tiering import (
 from . import _format
 from ._config import check_arguments, check_for_block_size, validate
 from ._index import BlockIndex
-from ._jobs import Job
+from ._jobs import Job, JobBook, by_lane
 from ._lanes import Lanes
-from ._layout import RootDir, shard_of
+from ._layout import RootDir
 from ._root_watch import RootWatch
 from ._shares import EvictShare, IOContext, LoadShare, Outcome, StoreShare
 from ._spares import PRECREATE_FILES, SparePool
-from ._stats import FsTierStats, count
+from ._stats import FsTierStats
 
 __all__ = ["FileSystemTier", "FsTierStats", "PRECREATE_FILES"]
 
@@ -105,13 +105,12 @@ class FileSystemTier(SecondaryTierManager):
         self._index = BlockIndex(
             settings.capacity, _format.file_size(block_size) if bytes_cost else 1
         )
-        self._jobs: dict[int, Job] = {}
-        self._finished: list[JobResult] = []
         self._stats = FsTierStats(
             name=self.name,
             capacity=settings.capacity,
             capacity_unit="bytes" if bytes_cost else "blocks",
         )
+        self._book = JobBook(self._index, self._stats, self._auth_log)
         self._closed = False
         self._spares = SparePool(tier_type, self.precreate_files)
         self._root_watch = RootWatch(settings.root_dir, block_size, tier_type)
@@ -183,20 +182,7 @@ class FileSystemTier(SecondaryTierManager):
             touch(key)
 
     def _refuse(self, job: JobMetadata, kind: str, message: str) -> None:
-        """Fail ``job`` before any I/O (nothing was reserved). A load of a block evicted since
-        its lookup (``missing``) is a race every bounded tier has, not a fault: the manager
-        answers the key MISS; it is logged at DEBUG, counted in ``failed_load_jobs``."""
-        self._stats.job_failed(job.direction is JobDirection.STORE, kind)
-        logger.log(
-            logging.DEBUG if kind == "missing" else logging.WARNING,
-            "tier %r: %s job %d (%d blocks) failed: %s",
-            self.name,
-            job.direction.value,
-            job.job_id,
-            len(job.keys),
-            message,
-        )
-        self._finished.append(JobResult(job.job_id, False, reason=message))
+        self._book.refuse(self.name, job, kind, message)
 
     def _check_keys(self, job: JobMetadata) -> bool:
         for key in job.keys:
@@ -230,7 +216,7 @@ class FileSystemTier(SecondaryTierManager):
                 seen.add(key)
                 new.append((key, slot))
         if not new:
-            self._finished.append(JobResult(job.job_id, True))
+            self._book.succeed(job)
             return
         if not self._make_room(len(new)):
             self._refuse(
@@ -267,14 +253,7 @@ class FileSystemTier(SecondaryTierManager):
         share: type[StoreShare] | type[LoadShare],
     ) -> None:
         lanes = self._lanes
-        lane_count = len(lanes)
-        by_lane: dict[int, list[tuple[bytes, int, int]]] = {}
-        for key, slot in items:
-            h = shard_of(key)
-            by_lane.setdefault((h >> 8) % lane_count, []).append((key, slot, h & 0xFF))
-        order = [key for key, _ in items] if job.direction is JobDirection.STORE else []
-        self._jobs[job.job_id] = Job(job.direction, len(items), len(by_lane), order)
-        for lane, part in by_lane.items():
+        for lane, part in self._book.split(job, items, len(lanes)).items():
             task = share(self._io, job.job_id, part)
             lanes.submit(lane, task, task.fail)
 
@@ -290,93 +269,44 @@ class FileSystemTier(SecondaryTierManager):
         return True
 
     def _delete(self, keys: Iterable[bytes]) -> None:
-        lane_count = len(self._lanes)
-        by_lane: dict[int, list[tuple[bytes, int]]] = {}
-        for key in keys:
-            h = shard_of(key)
-            by_lane.setdefault((h >> 8) % lane_count, []).append((key, h & 0xFF))
-        for lane, part in by_lane.items():
+        lanes = self._lanes
+        for lane, part in by_lane(((key, 0) for key in keys), len(lanes)).items():
             task = EvictShare(self._io, part)
-            self._lanes.submit(lane, task, task.fail)
+            lanes.submit(lane, task, task.fail)
 
     def get_finished(self) -> list[JobResult]:
+        book = self._book
         done = self._lanes.done
         while not done.empty():
             item = done.get_nowait()
-            if isinstance(item, Outcome):
-                self._apply(item)
-            else:
+            if not isinstance(item, Outcome):
                 self._stats.deleted_files += item
-        finished, self._finished = self._finished, []
-        return finished
-
-    def _apply(self, outcome: Outcome) -> None:
-        stats = self._stats
-        index = self._index
-        job = self._jobs[outcome.job_id]
-        if outcome.direction is JobDirection.STORE:
-            # Written blocks join the index when the whole job is reported, in job order.
-            for key, _, _ in outcome.failed:
-                index.store_ended(key, False)
-            for key in outcome.untried:
-                index.store_ended(key, False)
-            stats.stored_blocks += len(outcome.done)
-        else:
-            for key in [*outcome.done, *outcome.untried, *(k for k, _, _ in outcome.failed)]:
-                index.load_ended(key)
-            for key, kind, message in outcome.failed:
-                if index.drop(key):
-                    stats.dropped_blocks += 1
-                    count(stats.drop_reasons, kind)
-                if kind in AUTH_KINDS:
-                    stats.auth_failures += 1
-                    self._auth_log.report(kind, f"block {key.hex()}: {message}", "file deleted")
-            stats.loaded_blocks += len(outcome.done)
-        if job.merge(outcome):
-            del self._jobs[outcome.job_id]
-            self._job_done(outcome.job_id, job)
+            elif (job := book.apply(item)) is not None:
+                self._job_done(item.job_id, job)
+        return book.take_finished()
 
     def _job_done(self, job_id: int, job: Job) -> None:
-        """The job's last share is in: land its blocks, count it, report it once."""
-        stats = self._stats
-        store = job.direction is JobDirection.STORE
-        if store:
-            present = not self._root_watch.gone  # else the files went with the directory
-            for key in job.order:
-                if key in job.written:
-                    self._index.store_ended(key, present)
-            stats.stores_in_flight -= 1
+        """The job's last share is in: land its blocks, react to a removed ``root_dir`` or a
+        full disk, report it once."""
+        watch = self._root_watch
+        self._book.land(job, present=not watch.gone)  # else the files went with the directory
+        if job.direction is JobDirection.STORE:
             if job.written:
                 self._shrunk = False
-            watch = self._root_watch
             if job.kind == "ENOENT" and not watch.gone and watch.removed():
                 watch.lose(self._index.clear())
                 self._spares.drop_all(None)  # their files went with the directory
-                stats.root_lost += 1
+                self._stats.root_lost += 1
             elif job.kind == "ENOSPC":
                 self._spares.drop_all(self._io.root.tmp_fd)
                 self._shrink_to_fit()
-        else:
-            stats.loads_in_flight -= 1
-        if job.failed:
-            stats.job_failed(store, job.kind or "unknown")
-        if job.failed and not self._root_watch.gone and job.kind not in AUTH_KINDS:
-            logger.warning(
-                "tier %r: %s job %d failed for %d of %d blocks: %s",
-                self.name,
-                job.direction.value,
-                job_id,
-                job.failed,
-                job.keys,
-                job.reason,
-            )
-        self._finished.append(job.result(job_id))
+        self._book.report(self.name, job_id, job, quiet=watch.gone)
 
     # -- a removed root_dir, a full disk -----------------------------------------------------
 
     def _root_back(self) -> bool:
         """While ``root_dir`` is gone: whether it is back (its blocks, if any, indexed)."""
-        back = self._root_watch.reopen(self._io.root, bool(self._jobs))
+        back = self._root_watch.reopen(self._io.root, bool(self._book))
         if back is None:
             return False
         root, scan = back
@@ -387,8 +317,7 @@ class FileSystemTier(SecondaryTierManager):
 
     def _refuse_root_gone(self, job: JobMetadata) -> None:
         self._stats.root_gone_jobs += 1
-        self._stats.job_failed(job.direction is JobDirection.STORE, "root_gone")
-        self._finished.append(JobResult(job.job_id, False, f"root_dir {self.root_dir} is gone"))
+        self._book.fail(job, "root_gone", f"root_dir {self.root_dir} is gone")
 
     def _shrink_to_fit(self) -> None:
         """The disk is full before the capacity is: the capacity becomes what the disk held
