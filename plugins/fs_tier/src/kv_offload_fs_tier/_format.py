@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from typing import Any
 
 import xxhash
@@ -49,6 +50,7 @@ __all__ = [
     "MAGIC",
     "MARKER_NAME",
     "MAX_KEY_BYTES",
+    "bad_key",
     "checksum",
     "file_size",
     "marker_bytes",
@@ -70,6 +72,17 @@ MAX_KEY_BYTES = 120
 FLAG_AUTHENTICATED = 1
 #: What the MAC binds a block to besides its key (a block of another tier never verifies).
 AUTH_CONTEXT = b"kv-offload-fs-tier"
+
+
+def bad_key(keys: Iterable[object]) -> str | None:
+    """Why a job's keys cannot name block files (the first that cannot), or ``None``."""
+    for key in keys:
+        if not isinstance(key, bytes) or not key or len(key) > MAX_KEY_BYTES:
+            return (
+                f"key {key!r} is not 1..{MAX_KEY_BYTES} bytes (build keys with "
+                "kv_offload.make_offload_key)"
+            )
+    return None
 
 
 def checksum(data: memoryview) -> int:

@@ -27,6 +27,8 @@ class BlockIndex:
         self._blocks: OrderedDict[bytes, None] = OrderedDict()
         self._storing: set[bytes] = set()
         self._loading: dict[bytes, int] = {}  # key -> loads in flight
+        #: the capacity was shrunk to what a full disk held, and no store has landed since
+        self.shrunk = False
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -64,6 +66,21 @@ class BlockIndex:
             self._blocks.move_to_end(key)
             return True
         return False
+
+    def to_store(self, items: Iterable[tuple[bytes, int]]) -> tuple[list[tuple[bytes, int]], int]:
+        """A store's ``(key, CPU slot)`` items: those to write (not stored, not being stored,
+        each key once), and how many were stored already (they become the most recent). A
+        block stored or being stored has these bytes: its key names them."""
+        new: list[tuple[bytes, int]] = []
+        seen: set[bytes] = set()
+        stored = 0
+        for key, slot in items:
+            if self.touch(key):
+                stored += 1
+            elif key not in self._storing and key not in seen:
+                seen.add(key)
+                new.append((key, slot))
+        return new, stored
 
     def add(self, keys: Iterable[bytes]) -> None:
         """Blocks found on disk (at start, or when ``root_dir`` comes back)."""
@@ -120,12 +137,17 @@ class BlockIndex:
 
     def shrink_to_used(self) -> bool:
         """A full disk: the capacity becomes what is stored less a twentieth (room for the
-        files in flight), at least one block; whether that is below the capacity it had."""
+        files in flight), at least one block; whether that is below the capacity it had.
+        Once per full disk (until a store lands again): the files being deleted after a
+        shrink free the space, a second shrink would only undercount it."""
+        if self.shrunk:
+            return False
         used = self.used
         fits = max(self.cost, used - used // 20)
         if fits >= self.capacity:
             return False
         self.capacity = fits
+        self.shrunk = True
         return True
 
     def clear(self) -> int:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._layout import ScanResult
 
 __all__ = ["FsTierStats", "count"]
 
@@ -59,12 +63,12 @@ class FsTierStats:
         else:
             self.failed_load_jobs += 1
 
-    def recovered(self, blocks: int, temporary: int, wrong_size: int, foreign: int) -> None:
+    def recovered(self, scan: ScanResult) -> None:
         """What the start found in ``root_dir``."""
-        self.recovered_blocks = blocks
-        self.removed_temporary_files = temporary
-        self.removed_wrong_size_files = wrong_size
-        self.foreign_entries = foreign
+        self.recovered_blocks = len(scan.keys)
+        self.removed_temporary_files = scan.temporary_files
+        self.removed_wrong_size_files = scan.wrong_size_files
+        self.foreign_entries = scan.foreign_entries
 
     def snapshot(self, **now: int | str) -> FsTierStats:
         """A copy, its by-reason counters too, with the current figures ``now``."""

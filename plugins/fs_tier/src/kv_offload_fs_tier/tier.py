@@ -9,7 +9,7 @@ otherwise. ``submit_*`` reserve room, split the job by I/O thread and return.
 I/O side (:mod:`._lanes`, :mod:`._shares`, :mod:`._io`): each thread writes or reads its share
 of a job's blocks straight from or into the CPU buffer rows and reports per-key outcomes. The
 scheduler applies them in ``get_finished`` and reports each job once, when its last share is
-in. Spare files (:mod:`._spares`) save stores the cost of creating a file.
+in (:mod:`._jobs`). Spare files (:mod:`._spares`) save stores the cost of creating a file.
 
 Invariants: every job reports exactly one :class:`JobResult`; a block is in the index only
 once its file is complete; the index never holds more than the capacity (blocks being
@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +98,7 @@ class FileSystemTier(SecondaryTierManager):
             auth_key_previous_env=auth_key_previous_env,
         )
         self.settings = settings
-        self._auth_log = AuthFailureLog(tier_type, logger)
         self.root_dir = settings.root_dir
-        self._block_size = block_size
         bytes_cost = settings.capacity_in_bytes
         self._index = BlockIndex(
             settings.capacity, _format.file_size(block_size) if bytes_cost else 1
@@ -110,12 +108,10 @@ class FileSystemTier(SecondaryTierManager):
             capacity=settings.capacity,
             capacity_unit="bytes" if bytes_cost else "blocks",
         )
-        self._book = JobBook(self._index, self._stats, self._auth_log)
+        self._book = JobBook(self._index, self._stats, AuthFailureLog(tier_type, logger))
         self._closed = False
         self._spares = SparePool(tier_type, self.precreate_files)
         self._root_watch = RootWatch(settings.root_dir, block_size, tier_type)
-        #: the capacity was shrunk to what a full disk held, and no store has landed since
-        self._shrunk = False
         root = RootDir(settings.root_dir, block_size, tier_type)
         self._io = IOContext(
             tier_type,
@@ -134,9 +130,7 @@ class FileSystemTier(SecondaryTierManager):
             raise
         self._index.add(scan.keys)
         stats = self._stats
-        stats.recovered(
-            len(scan.keys), scan.temporary_files, scan.wrong_size_files, scan.foreign_entries
-        )
+        stats.recovered(scan)
         scan.log(tier_type, settings.root_dir)
         self._make_room(0)  # the capacity may have shrunk since the blocks were written
         stats.startup_seconds = time.perf_counter() - started
@@ -184,37 +178,27 @@ class FileSystemTier(SecondaryTierManager):
     def _refuse(self, job: JobMetadata, kind: str, message: str) -> None:
         self._book.refuse(self.name, job, kind, message)
 
-    def _check_keys(self, job: JobMetadata) -> bool:
-        for key in job.keys:
-            if not isinstance(key, bytes) or not key or len(key) > _format.MAX_KEY_BYTES:
-                self._refuse(
-                    job,
-                    "bad_key",
-                    f"key {key!r} is not 1..{_format.MAX_KEY_BYTES} bytes (build keys with "
-                    "kv_offload.make_offload_key)",
-                )
-                return False
-        return True
-
-    def submit_store(self, job: JobMetadata) -> None:
+    def _refused(self, job: JobMetadata) -> bool:
+        """Refuse a job the tier cannot take now (shut down, ``root_dir`` gone); whether it
+        did. A gone ``root_dir`` fails its jobs at once and unlogged: it was said once."""
         if self._closed:
             self._refuse(job, "closed", "the tier is shut down")
-            return
+            return True
         if self._root_watch.gone and not self._root_back():
-            self._refuse_root_gone(job)
+            self._stats.root_gone_jobs += 1
+            self._book.fail(job, "root_gone", f"root_dir {self.root_dir} is gone")
+            return True
+        return False
+
+    def submit_store(self, job: JobMetadata) -> None:
+        if self._refused(job):
             return
-        if not self._check_keys(job):
+        if (problem := _format.bad_key(job.keys)) is not None:
+            self._refuse(job, "bad_key", problem)
             return
         index = self._index
-        new: list[tuple[bytes, int]] = []
-        seen: set[bytes] = set()
-        for key, slot in zip(job.keys, job.block_ids.tolist()):
-            if index.touch(key):
-                self._stats.already_stored_blocks += 1
-            elif not index.storing(key) and key not in seen:
-                # A block already stored or being stored has these bytes: its key names them.
-                seen.add(key)
-                new.append((key, slot))
+        new, stored = index.to_store(zip(job.keys, job.block_ids.tolist()))
+        self._stats.already_stored_blocks += stored
         if not new:
             self._book.succeed(job)
             return
@@ -226,16 +210,12 @@ class FileSystemTier(SecondaryTierManager):
                 "loaded or stored",
             )
             return
-        index.reserve(seen)
+        index.reserve(key for key, _ in new)
         self._stats.stores_in_flight += 1
         self._dispatch(job, new, StoreShare)
 
     def submit_load(self, job: JobMetadata) -> None:
-        if self._closed:
-            self._refuse(job, "closed", "the tier is shut down")
-            return
-        if self._root_watch.gone and not self._root_back():
-            self._refuse_root_gone(job)
+        if self._refused(job):
             return
         index = self._index
         missing = next((k for k in job.keys if k not in index), None)
@@ -263,16 +243,12 @@ class FileSystemTier(SecondaryTierManager):
         victims = self._index.make_room(blocks)
         if victims is None:
             return False
-        if victims:
-            self._stats.evicted_blocks += len(victims)
-            self._delete(victims)
-        return True
-
-    def _delete(self, keys: Iterable[bytes]) -> None:
+        self._stats.evicted_blocks += len(victims)
         lanes = self._lanes
-        for lane, part in by_lane(((key, 0) for key in keys), len(lanes)).items():
+        for lane, part in by_lane(((key, 0) for key in victims), len(lanes)).items():
             task = EvictShare(self._io, part)
             lanes.submit(lane, task, task.fail)
+        return True
 
     def get_finished(self) -> list[JobResult]:
         book = self._book
@@ -291,18 +267,17 @@ class FileSystemTier(SecondaryTierManager):
         watch = self._root_watch
         self._book.land(job, present=not watch.gone)  # else the files went with the directory
         if job.direction is JobDirection.STORE:
-            if job.written:
-                self._shrunk = False
             if job.kind == "ENOENT" and not watch.gone and watch.removed():
                 watch.lose(self._index.clear())
                 self._spares.drop_all(None)  # their files went with the directory
                 self._stats.root_lost += 1
             elif job.kind == "ENOSPC":
                 self._spares.drop_all(self._io.root.tmp_fd)
-                self._shrink_to_fit()
+                if self._book.shrink_to_disk(self.name, self.root_dir):
+                    self._make_room(0)  # for later stores, instead of every store failing
         self._book.report(self.name, job_id, job, quiet=watch.gone)
 
-    # -- a removed root_dir, a full disk -----------------------------------------------------
+    # -- a removed root_dir ------------------------------------------------------------------
 
     def _root_back(self) -> bool:
         """While ``root_dir`` is gone: whether it is back (its blocks, if any, indexed)."""
@@ -314,35 +289,6 @@ class FileSystemTier(SecondaryTierManager):
         self._index.add(scan.keys)  # a directory that came back with blocks (say, remounted)
         self._make_room(0)
         return True
-
-    def _refuse_root_gone(self, job: JobMetadata) -> None:
-        self._stats.root_gone_jobs += 1
-        self._book.fail(job, "root_gone", f"root_dir {self.root_dir} is gone")
-
-    def _shrink_to_fit(self) -> None:
-        """The disk is full before the capacity is: the capacity becomes what the disk held
-        (less one job's worth of blocks, for the files in flight), and least recently used
-        blocks are evicted to make room for later stores instead of every store failing."""
-        if self._shrunk:
-            return  # once per full disk: files being deleted free the space after it
-        index = self._index
-        before = index.capacity
-        if not index.shrink_to_used():
-            return
-        self._shrunk = True
-        logger.warning(
-            "tier %r: the disk under %s is full at %d %s, below the capacity of %d: the "
-            "capacity is now %d (evicting to make room); free space or lower the capacity",
-            self.name,
-            self.root_dir,
-            index.used,
-            self._stats.capacity_unit,
-            before,
-            index.capacity,
-        )
-        self._stats.capacity = index.capacity
-        self._stats.capacity_shrinks += 1
-        self._make_room(0)
 
     def get_stats(self) -> FsTierStats:
         self._stats.name = self.name
