@@ -16,7 +16,8 @@ from pathlib import Path
 
 from kv_offload.errors import ConfigError
 
-from ._layout import RootDir, ScanResult
+from ._layout import RootDir
+from ._scan import ScanResult, scan
 
 __all__ = ["ROOT_RETRY_S", "RootWatch"]
 
@@ -69,7 +70,7 @@ class RootWatch:
             return None
         try:
             root = RootDir(self.path, self.block_size, self.tier)
-            scan = root.scan()
+            found = scan(root)
         except (ConfigError, OSError) as exc:
             logger.debug("tier %r: root_dir %s not usable yet: %s", self.tier, self.path, exc)
             return None
@@ -79,10 +80,10 @@ class RootWatch:
             self.tier,
             self.path,
             now - (self.lost_since or now),
-            len(scan.keys),
+            len(found.keys),
         )
         self.lost_since = None
-        return root, scan
+        return root, found
 
     def close(self) -> None:
         """Shutdown: close the directories the current one replaced."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._layout import ScanResult
+    from ._scan import ScanResult
 
 __all__ = ["FsTierStats", "count"]
 

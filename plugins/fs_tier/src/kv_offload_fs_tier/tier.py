@@ -44,6 +44,7 @@ from ._jobs import Job, JobBook, by_lane
 from ._lanes import Lanes
 from ._layout import RootDir
 from ._root_watch import RootWatch
+from ._scan import scan
 from ._shares import EvictShare, IOContext, LoadShare, Outcome, StoreShare
 from ._spares import PRECREATE_FILES, SparePool
 from ._stats import FsTierStats
@@ -123,15 +124,15 @@ class FileSystemTier(SecondaryTierManager):
             self._spares,
         )
         try:
-            scan = root.scan()
+            found = scan(root)
             self._lanes = Lanes(settings.io_threads, tier_type, self._precreate)
         except BaseException:
             root.close()
             raise
-        self._index.add(scan.keys)
+        self._index.add(found.keys)
         stats = self._stats
-        stats.recovered(scan)
-        scan.log(tier_type, settings.root_dir)
+        stats.recovered(found)
+        found.log(tier_type, settings.root_dir)
         self._make_room(0)  # the capacity may have shrunk since the blocks were written
         stats.startup_seconds = time.perf_counter() - started
 
@@ -284,9 +285,9 @@ class FileSystemTier(SecondaryTierManager):
         back = self._root_watch.reopen(self._io.root, bool(self._book))
         if back is None:
             return False
-        root, scan = back
+        root, found = back
         self._io = dataclasses.replace(self._io, root=root)
-        self._index.add(scan.keys)  # a directory that came back with blocks (say, remounted)
+        self._index.add(found.keys)  # a directory that came back with blocks (say, remounted)
         self._make_room(0)
         return True
 
