@@ -5,7 +5,12 @@ by number and cause while the others' results count, and bad options refused."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +18,7 @@ from kv_offload.config import parse_config
 from kv_offload.errors import ConfigError, PluginNotFoundError
 from kv_offload.fleet import LeastLoaded, PrefixHash, RoundRobin, plan_fleet, router_registry
 from kv_offload.keys import make_offload_key
-from test_cli import TRACE, kvo, kvo_many
+from test_cli import SCRIPT, TRACE, _env, kvo, kvo_many
 
 KEYS = [make_offload_key(i) for i in range(4)]
 
@@ -169,3 +174,73 @@ def test_bad_fleet_options_are_refused(args: list[str], message: str) -> None:
     proc = kvo("replay", "default", TRACE, "--limit", "5", *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr, proc.stderr
+
+
+# -- an engine never outlives its dispatcher (issue 37 #4) -----------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # it ended meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's reaper is missing
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_engines_exit_when_their_dispatcher_is_killed(tmp_path: Path) -> None:
+    """``kill -9`` of the dispatcher: its engines (and multiprocessing's resource tracker) end
+    within seconds, releasing the fs tier's locks, so the next fleet on the root_dir starts."""
+    config = tmp_path / "fl.toml"
+    root = tmp_path / "fs"
+    config.write_text(
+        f'num_blocks = 64\nblock_size_bytes = 1024\n[[tiers]]\ntype = "fs"\n'
+        f'root_dir = "{root}"\ncapacity_blocks = 4000\n'
+    )
+    assert SCRIPT is not None
+    dispatcher = subprocess.Popen(
+        [SCRIPT, "replay", str(config), str(TRACE), "--engines", "2", "--speed", "5"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not all((root / f"engine-{i}" / "lock").exists() for i in range(2)):
+            assert dispatcher.poll() is None, "the fleet ended before it was killed"
+            assert time.monotonic() < deadline, "the engines did not start within 60 s"
+            time.sleep(0.1)
+        time.sleep(1.0)  # the engines replay: mid-run
+        children = _children(dispatcher.pid)
+        assert len(children) >= 2, children  # two engines (and the resource tracker)
+        dispatcher.send_signal(signal.SIGKILL)
+        dispatcher.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in children if _alive(pid)]
+    finally:
+        if dispatcher.poll() is None:
+            dispatcher.kill()
+            dispatcher.wait()
+    for pid in left:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the killed fleet still running 5 s later: {left}"
+    again = kvo("replay", config, TRACE, "--limit", "30", "--speed", "100", "--engines", "2")
+    assert again.returncode == 0, again.stderr

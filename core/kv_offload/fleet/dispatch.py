@@ -9,12 +9,14 @@ unfinished requests, and sends it there. Every wait is bounded and every engine 
 for: an engine that cannot start stops the run with its reason; one that dies during the run
 is reported (which engine, its exit code or error) and the others' results still count; one
 that does not finish in time is stopped and reported (:mod:`kv_offload.fleet.accounts`). The
-run never hangs.
+run never hangs, and a dispatcher that is killed takes its engines with it
+(:func:`kv_offload.fleet.engine.exit_with_dispatcher`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import time
 from collections.abc import Callable, Sequence
@@ -109,7 +111,7 @@ def run_fleet(
         inbox = context.Queue()
         process = context.Process(
             target=engine_main,
-            args=(index, stack, settings, inbox, outbox),
+            args=(index, stack, settings, inbox, outbox, os.getpid()),
             name=f"kv-offload-engine-{index}",
             daemon=True,
         )

@@ -8,12 +8,23 @@ on the requests the dispatcher sends it, each stamped with its arrival time
 requests it finished (the dispatcher's ``least-loaded`` router reads that); at the end it
 drains its tier jobs and sends a plain-data summary. Anything that goes wrong is sent as an
 error line before the process exits, so the dispatcher can say which engine and why.
+
+An engine never outlives its dispatcher (:func:`exit_with_dispatcher`): an orphaned engine
+would keep its private tiers' locks (an fs tier's ``root_dir``), and the next fleet on them
+would be refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import multiprocessing
+import multiprocessing.connection
+import os
 import queue
+import signal
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -27,7 +38,7 @@ from ..replay_clock import Engine, run_engine
 from ..replay_records import ReplayProbe, TimedReplayResult, TimedRequest, register_probe
 from ..replay_report import latency_summary
 
-__all__ = ["EngineSettings", "QueueArrivals", "engine_main"]
+__all__ = ["EngineSettings", "QueueArrivals", "engine_main", "exit_with_dispatcher"]
 
 #: Messages an engine sends the dispatcher: (kind, engine index, payload).
 READY, FINISHED, RESULT, ERROR = "ready", "finished", "result", "error"
@@ -71,10 +82,72 @@ class QueueArrivals:
         return self._closed
 
 
+#: ``prctl`` option: the signal the kernel sends a process when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
+#: The exit status of an engine that ended because its dispatcher died.
+ORPHANED_EXIT = 3
+
+
+def exit_with_dispatcher(index: int, dispatcher_pid: int) -> None:
+    """End this engine process as soon as its dispatcher (``dispatcher_pid``) dies, however
+    it dies (``kill -9`` included). Two ways, since neither covers every case alone:
+
+    * on Linux, the kernel's parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``): it
+      needs no thread of ours to be scheduled, but it follows the dispatcher's *thread* that
+      started the engine, and exists on Linux only;
+    * everywhere, a daemon thread waiting on the pipe that ``multiprocessing`` keeps open
+      from the dispatcher (its end-of-file is the dispatcher's death).
+
+    A dispatcher that died before this ran (while the engine imported its modules) is seen
+    at once: the engine's parent is no longer ``dispatcher_pid``."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            print(
+                f"kv-offload engine {index}: prctl(PR_SET_PDEATHSIG) failed "
+                f"({os.strerror(errno)}); it ends on its dispatcher's pipe only",
+                file=sys.stderr,
+            )
+    if os.getppid() != dispatcher_pid:
+        _orphaned(index, dispatcher_pid)
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.sentinel is not None:
+        threading.Thread(
+            target=_wait_for_dispatcher,
+            args=(index, dispatcher_pid, parent.sentinel),
+            name=f"kv-offload-engine-{index}-watch",
+            daemon=True,
+        ).start()
+
+
+def _wait_for_dispatcher(index: int, dispatcher_pid: int, sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])  # readable: end-of-file, the dispatcher died
+    _orphaned(index, dispatcher_pid)
+
+
+def _orphaned(index: int, dispatcher_pid: int) -> None:
+    """Exit at once: nobody reads this engine's results any more, and its tiers' files stay
+    as a crash leaves them (which every tier must survive)."""
+    with contextlib.suppress(Exception):
+        print(
+            f"kv-offload engine {index}: its dispatcher (pid {dispatcher_pid}) died; exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+    os._exit(ORPHANED_EXIT)
+
+
 def engine_main(
-    index: int, stack: StackConfig, settings: EngineSettings, inbox: Any, outbox: Any
+    index: int,
+    stack: StackConfig,
+    settings: EngineSettings,
+    inbox: Any,
+    outbox: Any,
+    dispatcher_pid: int,
 ) -> None:
     """The engine process's body (a ``multiprocessing`` target)."""
+    exit_with_dispatcher(index, dispatcher_pid)
     try:
         manager = build_manager(stack)
     except BaseException as exc:  # the dispatcher says which engine could not start and why
