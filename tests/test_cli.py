@@ -14,6 +14,11 @@ from pathlib import Path
 import pytest
 from _dists import DistSpec, _clean_env
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "data" / "conversation_trace.jsonl"
 
@@ -104,6 +109,41 @@ def test_plugins_json_lists_builtins_with_distribution_and_version() -> None:
         assert info["error"] is None
 
 
+BUILT_IN_KINDS = {
+    "router": {"round-robin", "hash", "least-loaded"},
+    "load-wait-policy": {"best_effort", "timeout", "wait_complete"},
+    "backpressure-detector": {"ema", "utilization"},
+    "drop-policy": {"throttled", "drop_all"},
+    "admission": {"store-threshold"},
+}
+
+
+def test_plugins_lists_every_kind_the_core_resolves() -> None:
+    """Issue 37 #12: routers, load-wait policies, backpressure detectors and drop policies are
+    listed (and imported by --check) like policies and tiers."""
+    listing, checked = kvo_many(["plugins", "--json"], ["plugins", "--check", "--json"])
+    for proc, status in ((listing, "installed"), (checked, "ok")):
+        assert proc.returncode == 0, proc.stderr
+        rows = json.loads(proc.stdout)
+        for kind, names in BUILT_IN_KINDS.items():
+            found = {r["name"]: r for r in rows if r["kind"] == kind}
+            assert names <= set(found), (kind, sorted(found))
+            for name in names:
+                assert found[name]["distribution"] == "kv-offload"
+                assert found[name]["status"] == status, found[name]
+
+
+def test_plugins_lists_every_entry_point_group_the_project_declares() -> None:
+    """Every group a pyproject.toml of the repository declares entry points in is one that
+    ``kv-offload plugins`` lists: a new plugin kind cannot be forgotten by the listing."""
+    from kv_offload.cli.plugins_cmd import LISTED_GROUPS
+
+    declared = set()
+    for pyproject in [ROOT / "pyproject.toml", *ROOT.glob("plugins/*/pyproject.toml")]:
+        declared |= set(tomllib.loads(pyproject.read_text())["project"].get("entry-points", {}))
+    assert declared and declared <= set(LISTED_GROUPS), declared - set(LISTED_GROUPS)
+
+
 @pytest.mark.parametrize(("flags", "status"), [((), "installed"), (("--check",), "ok")])
 def test_plugins_table(flags: tuple[str, ...], status: str) -> None:
     proc = kvo("plugins", *flags)
@@ -130,6 +170,8 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         entry_points={
             "kv_offload.policies": {"broken": "kv_offload_broken:BrokenPolicy"},
             "kv_offload.hooks": {"broken-hook": "kv_offload_broken"},
+            "kv_offload.routers": {"broken-router": "kv_offload_broken:BrokenRouter"},
+            "kv_offload.load_wait": {"broken-wait": "kv_offload_broken:BrokenWait"},
         },
     )
     target = spec.install_target(tmp)
@@ -143,7 +185,12 @@ def test_broken_plugins_are_listed_with_their_error(broken_site: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     infos = {(p["kind"], p["name"]): p for p in json.loads(proc.stdout)}
-    for key in (("policy", "broken"), ("hook", "broken-hook")):
+    for key in (
+        ("policy", "broken"),
+        ("hook", "broken-hook"),
+        ("router", "broken-router"),
+        ("load-wait-policy", "broken-wait"),
+    ):
         info = infos[key]
         assert info["distribution"] == "kv-offload-broken"
         assert info["version"] == "6.6.6"

@@ -1,22 +1,49 @@
-"""``kv-offload plugins``: every installed plugin, from metadata (``--check`` imports them)."""
+"""``kv-offload plugins``: every installed plugin, from metadata (``--check`` imports them).
+
+Every plugin kind the project resolves by name is listed: each kind's registry is in
+:func:`registries`, and the hook plugins are read from their own group.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata
 from typing import Any
 
 from ..admission import admission_registry
+from ..fleet import router_registry
+from ..load_wait import load_wait_registry
 from ..plugins import BLOCK_ENV, HOOK_ENTRY_POINT_GROUP, PluginInfo
 from ..plugins.env import env_names
 from ..plugins.registry import PluginRegistry
 from ..policies import CachePolicyFactory
 from ..tiering import SecondaryTierFactory
+from ..tiering.backpressure import detector_registry, drop_policy_registry
 from .output import table
 
-__all__ = ["cmd_plugins"]
+__all__ = ["LISTED_GROUPS", "cmd_plugins", "registries"]
+
+
+def registries() -> dict[str, PluginRegistry[Any]]:
+    """Every kind of plugin resolved by name, by the one word the listing calls it
+    (``"backpressure detector"`` is ``backpressure-detector``: a table's column is one word)."""
+    kinds: list[PluginRegistry[Any]] = [
+        CachePolicyFactory.registry,
+        SecondaryTierFactory.registry,
+        admission_registry,
+        detector_registry,
+        drop_policy_registry,
+        load_wait_registry,
+        router_registry,
+    ]
+    return {registry.kind.replace(" ", "-"): registry for registry in kinds}
+
+
+#: The entry-point groups the listing reads (a test checks every group the project's
+#: distributions declare is one of them).
+LISTED_GROUPS = (*(r.group for r in registries().values()), HOOK_ENTRY_POINT_GROUP)
 
 
 def _blocked_names() -> set[str]:
@@ -52,19 +79,17 @@ def _all_plugins(check: bool) -> list[tuple[PluginInfo, str]]:
     """Every installed plugin with its status. Listing reads metadata only: importing runs a
     plugin's code, so it happens only with ``check`` and never for a blocked name."""
     blocked = _blocked_names()
-    registries: dict[str, PluginRegistry[Any]] = {
-        "policy": CachePolicyFactory.registry,
-        "tier": SecondaryTierFactory.registry,
-        "admission": admission_registry,
-    }
-    infos = [i for r in registries.values() for i in r.available()] + _hook_plugins(check, blocked)
+    kinds = registries()
+    infos = [
+        replace(info, kind=kind) for kind, r in kinds.items() for info in r.available()
+    ] + _hook_plugins(check, blocked)
     rows = []
     for info in infos:
         if info.kind == "hook" and info.name in blocked:
             rows.append((info, f"blocked ({BLOCK_ENV}); not imported"))
             continue
         if check and info.kind != "hook":
-            info = registries[info.kind].check(info)
+            info = kinds[info.kind].check(info)
         if info.error is not None:
             rows.append((info, f"BROKEN: {info.error}"))
         else:
