@@ -13,12 +13,14 @@ from .compare_cmd import cmd_compare
 from .default_stack import DEFAULT_NAME
 from .plugins_cmd import cmd_plugins
 from .replay_cmd import cmd_replay
+from .trace_cmd import add_trace_parser
 from .validate_cmd import cmd_validate
 
 __all__ = ["DESCRIPTION", "build_parser"]
 
 DESCRIPTION = (
-    "The ``kv-offload`` command: list plugins, validate a config, replay and compare traces."
+    "The ``kv-offload`` command: list plugins, validate a config, replay and compare traces, "
+    "generate traces."
 )
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
@@ -292,4 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print JSON to stdout")
     p.set_defaults(func=cmd_compare)
+
+    add_trace_parser(sub, common, _positive_int, _positive_float)
     return parser
