@@ -231,8 +231,8 @@ def _warn_if_larger_than_the_disk(
     tier: str, path: Path, block_size: int, values: dict[str, Any]
 ) -> None:
     """A capacity the filesystem cannot hold passes (the disk may be freed before it fills),
-    with a warning giving both figures: once the disk fills, the tier shrinks its capacity
-    to what fitted and evicts (see the README), which is rarely what was meant."""
+    with a warning giving both figures: the tier bounds its capacity by what the disk holds
+    (see the README), which is rarely what was meant."""
     capacity_bytes = values["capacity_bytes"]
     if capacity_bytes is None:
         capacity_bytes = values["capacity_blocks"] * _format.file_size(block_size)
@@ -250,7 +250,8 @@ def _warn_if_larger_than_the_disk(
         warnings.warn(
             f"tier {tier!r}: the capacity needs {capacity_bytes:,} bytes on disk but the "
             f"filesystem of root_dir {str(path)!r} has {room:,} bytes {what}; lower the "
-            f"capacity or free space (a full disk shrinks the capacity to what fitted)",
+            f"capacity or free space (the tier bounds its capacity by what the disk holds, "
+            "less 5%)",
             UserWarning,
             stacklevel=2,
         )

@@ -13,22 +13,28 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-__all__ = ["BlockIndex"]
+__all__ = ["DISK_MARGIN_BLOCKS", "BlockIndex"]
+
+#: Block files a disk-bound capacity leaves free at least (a twentieth of the disk on all but
+#: the smallest disks): a store writes its file before the evicted block it replaces leaves.
+DISK_MARGIN_BLOCKS = 4
 
 
 class BlockIndex:
     """Stored blocks (LRU order), stores in flight, loads in flight, the capacity."""
 
     def __init__(self, capacity: int, cost: int) -> None:
-        #: In the capacity's unit (blocks, or bytes); shrunk when the disk fills first.
+        #: In the capacity's unit (blocks, or bytes); bound by the disk (:meth:`fit_to_disk`).
         self.capacity = capacity
         #: What one block costs of the capacity.
         self.cost = cost
         self._blocks: OrderedDict[bytes, None] = OrderedDict()
         self._storing: set[bytes] = set()
         self._loading: dict[bytes, int] = {}  # key -> loads in flight
-        #: the capacity was shrunk to what a full disk held, and no store has landed since
-        self.shrunk = False
+        #: what the disk holds for the tier (capacity unit), as last measured (``None``: not
+        #: measured); the capacity is bound to it once ``disk_bound``
+        self.disk: int | None = None
+        self.disk_bound = False
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -135,20 +141,47 @@ class BlockIndex:
         """Forget a block whose file is bad; whether it was stored."""
         return self._blocks.pop(key, False) is None
 
-    def shrink_to_used(self) -> bool:
-        """A full disk: the capacity becomes what is stored less a twentieth (room for the
-        files in flight), at least one block; whether that is below the capacity it had.
-        Once per full disk (until a store lands again): the files being deleted after a
-        shrink free the space, a second shrink would only undercount it."""
-        if self.shrunk:
-            return False
-        used = self.used
-        fits = max(self.cost, used - used // 20)
+    def fit_to_disk(self, free: int | None, full: bool) -> bool:
+        """Bound the capacity by the disk: what the tier holds (stored and being written)
+        plus the ``free`` block files that still fit, less a twentieth (at least
+        :data:`DISK_MARGIN_BLOCKS`: room for files in flight and spare files), at least one
+        block; whether that shrank it.
+
+        At start (``full`` false) a disk that cannot hold the capacity bounds it. When a store
+        finds the disk full: a bound capacity shrinks again only if the disk now holds less
+        than it (another program took more than the twentieth), never for files in flight;
+        an unbound one is bound to the disk, or, if the disk reports room for the capacity
+        that it could not write (``free`` unknown, or a filesystem whose free space is not
+        what it can write), to what the tier held."""
+        cost = self.cost
+        held = self.used + self.reserved
+        measured = None if free is None else held + free * cost
+        if not full:
+            if measured is None:
+                return False
+            disk = measured
+        elif self.disk_bound:
+            if measured is None or measured >= self.capacity:
+                return False
+            disk = measured
+        elif measured is None or measured - measured // 20 >= self.capacity:
+            disk = held
+        else:
+            disk = measured
+        self.disk = disk
+        fits = max(cost, disk - max(disk // 20, DISK_MARGIN_BLOCKS * cost))
         if fits >= self.capacity:
             return False
         self.capacity = fits
-        self.shrunk = True
+        self.disk_bound = True
         return True
+
+    def disk_headroom(self) -> int | None:
+        """Block files the disk holds beyond the capacity, as last measured (``None``: not
+        measured): the room spare files may take."""
+        if self.disk is None:
+            return None
+        return max(0, self.disk - self.capacity) // self.cost
 
     def clear(self) -> int:
         """Forget every stored block (their directory is gone); how many there were."""

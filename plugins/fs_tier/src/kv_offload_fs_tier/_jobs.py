@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kv_offload import OffloadKey
 from kv_offload.block_auth import AUTH_KINDS, AuthFailureLog
@@ -175,33 +174,9 @@ class JobBook:
             for key in job.order:
                 if key in job.written:
                     self.index.store_ended(key, present)
-            if job.written:
-                self.index.shrunk = False
             self.stats.stores_in_flight -= 1
         else:
             self.stats.loads_in_flight -= 1
-
-    def shrink_to_disk(self, name: str, root_dir: Path) -> bool:
-        """A store found the disk full before the capacity: the capacity becomes what the
-        disk held (:meth:`BlockIndex.shrink_to_used`); whether it shrank (then the caller
-        evicts down to it, so later stores find room instead of all failing)."""
-        index = self.index
-        before = index.capacity
-        if not index.shrink_to_used():
-            return False
-        logger.warning(
-            "tier %r: the disk under %s is full at %d %s, below the capacity of %d: the "
-            "capacity is now %d (evicting to make room); free space or lower the capacity",
-            name,
-            root_dir,
-            index.used,
-            self.stats.capacity_unit,
-            before,
-            index.capacity,
-        )
-        self.stats.capacity = index.capacity
-        self.stats.capacity_shrinks += 1
-        return True
 
     def report(self, name: str, job_id: int, job: Job, quiet: bool) -> None:
         """Count an ended job and hand out its one result; a failure is logged unless

@@ -2,7 +2,7 @@
 
 Creating a file costs more than writing a block into it (0.1 to 1 ms against ~0.2 ms for
 256 KiB on the development VM's ext4, see ``benchmarks/fs_tier.py``). So an evicted block's
-file is renamed into ``tmp/`` instead of deleted (up to :data:`SPARE_FILES`), and while the
+file is renamed into ``tmp/`` instead of deleted (up to :attr:`SparePool.limit`), and while the
 I/O threads have nothing to do they create empty files ahead of stores (up to
 ``precreate_files``, never more than the capacity has room for); a store overwrites a spare
 instead of creating a file. Shared by the scheduler and the I/O threads: the deque's ends are
@@ -45,6 +45,9 @@ class SparePool:
         self._ids = itertools.count()
         self._precreate_lock = threading.Lock()
         self._precreating = precreate_files > 0
+        #: spares kept at most: :data:`SPARE_FILES`, fewer on a disk the capacity nearly
+        #: fills (their room is not in the capacity; see :mod:`._disk`)
+        self.limit = SPARE_FILES
         self.precreated = 0
 
     def __len__(self) -> int:
@@ -60,7 +63,7 @@ class SparePool:
     def recycle(self, shard_fd: int, name: str, tmp_fd: int, file_size: int) -> bool:
         """An evicted block's file: kept as a spare while the pool has room, else deleted;
         whether a file was there to remove (``OSError`` when the OS refuses)."""
-        if len(self._spares) < SPARE_FILES:
+        if len(self._spares) < self.limit:
             spare = f"spare-{next(self._ids)}"
             if not _io.recycle_block(shard_fd, name, tmp_fd, spare):
                 return False

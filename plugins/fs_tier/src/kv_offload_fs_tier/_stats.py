@@ -44,7 +44,7 @@ class FsTierStats:
     precreated_files: int = 0
     spare_files: int = 0
     #: times ``root_dir`` was found removed while the tier ran, and jobs failed at once
-    #: while it was gone; times a full disk (ENOSPC) shrank ``capacity`` to what fitted
+    #: while it was gone; times the disk bounded ``capacity`` (at start, or a full disk)
     root_lost: int = 0
     root_gone_jobs: int = 0
     capacity_shrinks: int = 0

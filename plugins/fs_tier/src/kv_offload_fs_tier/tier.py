@@ -39,6 +39,7 @@ from kv_offload.tiering import (
 
 from . import _format
 from ._config import check_arguments, check_for_block_size, validate
+from ._disk import fit_to_disk, free_files
 from ._index import BlockIndex
 from ._jobs import Job, JobBook, by_lane
 from ._lanes import Lanes
@@ -133,6 +134,7 @@ class FileSystemTier(SecondaryTierManager):
         stats = self._stats
         stats.recovered(found)
         found.log(tier_type, settings.root_dir)
+        self._fit_to_disk(full=False)  # a disk that cannot hold the capacity bounds it
         self._make_room(0)  # the capacity may have shrunk since the blocks were written
         stats.startup_seconds = time.perf_counter() - started
 
@@ -274,9 +276,17 @@ class FileSystemTier(SecondaryTierManager):
                 self._stats.root_lost += 1
             elif job.kind == "ENOSPC":
                 self._spares.drop_all(self._io.root.tmp_fd)
-                if self._book.shrink_to_disk(self.name, self.root_dir):
+                if self._fit_to_disk(full=True):
                     self._make_room(0)  # for later stores, instead of every store failing
         self._book.report(self.name, job_id, job, quiet=watch.gone)
+
+    def _fit_to_disk(self, full: bool) -> bool:
+        """Bound the capacity by what the disk holds (:mod:`._disk`); whether it shrank."""
+        root = self._io.root
+        free = free_files(root.tmp_fd, _format.file_size(self._io.block_size))
+        return fit_to_disk(
+            self.name, self.root_dir, self._index, self._stats, self._spares, free, full
+        )
 
     # -- a removed root_dir ------------------------------------------------------------------
 
