@@ -151,6 +151,42 @@ def test_a_real_value_copied_under_another_key_is_never_served(redis_server: Red
     m.shutdown()
 
 
+def test_a_truncated_signed_value_is_reported_as_truncated(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut inside the key it names, a signed value was logged as "names another key"; cut
+    inside the auth record or the payload, it is truncated too. Each is a failed load, counted,
+    deleted, and its log line says what happened to it."""
+    ns = namespace()
+    keys = [key(1), key(2), key(3), key(4)]
+    writer(redis_server, ns, keys, auth_key_env="KVO_AUTH_A")
+    raw = redis_server.client()
+    header = struct.calcsize("<4sHHIQ") + 40  # the signed header: fields, then the record
+    cuts = {
+        keys[0]: header + len(keys[0]) // 2,  # inside the key
+        keys[1]: header - 10,  # inside the auth record
+        keys[2]: header + len(keys[2]) + BLOCK // 2,  # inside the payload
+    }
+    for k, cut in cuts.items():
+        raw.set(rkey(ns, k), raw.get(rkey(ns, k))[:cut])
+    m = reader(redis_server, ns, auth_key_env="KVO_AUTH_A")
+    with caplog.at_level(logging.WARNING, "kv_offload.redis_tier"):
+        assert answers(m, keys, "r") == [MISS, MISS, MISS, HIT]
+    lines = [r.getMessage() for r in caplog.records if "failed its check" in r.getMessage()]
+    assert len(lines) == 3, lines
+    assert not [line for line in lines if "another key" in line], lines
+    assert all("(truncated: " in line for line in lines), lines
+    assert "shorter than the header and the key it names" in lines[0]
+    assert "shorter than the header (60)" in lines[1]
+    assert f"of {BLOCK} payload bytes" in lines[2]
+    stats = tier_of(m).get_stats()
+    assert (stats["corrupt_values"], stats["auth_failures"]) == (3, 0)
+    assert raw.exists(*[rkey(ns, k) for k in cuts]) == 0  # deleted
+    raw.close()
+    assert_quiet(m)
+    m.shutdown()
+
+
 def test_another_tenants_secret_serves_none_and_leaves_the_values(
     redis_server: RedisServer,
 ) -> None:

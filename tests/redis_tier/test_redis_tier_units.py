@@ -98,6 +98,7 @@ def test_codec_round_trip_is_a_view_of_the_payload() -> None:
     [
         (lambda v: v[:-1], "truncated"),
         (lambda v: v[:10], "shorter than the header"),
+        (lambda v: v[: codec.HEADER.size + 3], "truncated: .* shorter than the header and the key"),
         (lambda v: b"XXXX" + v[4:], "bad magic"),
         (lambda v: v[:4] + (99).to_bytes(2, "little") + v[6:], "format version 99"),
         (lambda v: v[:-1] + bytes([v[-1] ^ 1]), "checksum mismatch"),

@@ -90,7 +90,7 @@ def check(value: bytes, key: bytes, block_size: int, auth: BlockAuth | None = No
     otherwise."""
     view = memoryview(value)
     if view.nbytes < HEADER.size:
-        raise BadValue(f"{view.nbytes} bytes, shorter than the header")
+        raise BadValue(f"truncated: {view.nbytes} bytes, shorter than the header ({HEADER.size})")
     magic, version, key_len, reserved, length = HEADER.unpack_from(view)[:5]
     if magic != MAGIC:
         raise BadValue("not a kv-offload block (bad magic)")
@@ -104,10 +104,16 @@ def check(value: bytes, key: bytes, block_size: int, auth: BlockAuth | None = No
         raise BadValue(f"format version {version}, this reader has {format_version(auth)}")
     layout = HEADER if auth is None else AUTH_HEADER
     if view.nbytes < layout.size:
-        raise BadValue(f"{view.nbytes} bytes, shorter than the header")
+        raise BadValue(f"truncated: {view.nbytes} bytes, shorter than the header ({layout.size})")
     start = layout.size + key_len
-    if view[layout.size : start] != key:
+    named = view[layout.size : start]  # shorter than key_len if the value was cut there
+    if key_len != len(key) or named != key[: named.nbytes]:
         raise BadValue("the value names another key")
+    if named.nbytes < key_len:
+        raise BadValue(
+            f"truncated: {view.nbytes} bytes, shorter than the header and the key it "
+            f"names ({start})"
+        )
     if length != block_size:
         raise BadValue(f"a block of {length} bytes, this stack's blocks have {block_size}")
     if reserved:
