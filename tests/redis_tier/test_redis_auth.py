@@ -318,6 +318,12 @@ def test_a_cluster_user_confined_to_its_namespace(
             build("tenant-a", "tenant-b")
         with pytest.raises(ConfigError, match=r"needs `\+cluster\|slots \+command`"):
             build("no-slots", "tenant-a")
+        # cluster = false: INFO is refused to this user, CLUSTER SLOTS says it is a Cluster.
+        with pytest.raises(ConfigError, match=r"is a Redis Cluster node .*; set cluster = true"):
+            redis_stack(
+                f"redis://tenant-a@{nodes[0].address}/0", password_env="KVO_TENANT_PASSWORD",
+                namespace="tenant-a", auth_key_env="KVO_AUTH_A",
+            )  # fmt: skip
     finally:
         for node in nodes:
             node.stop()

@@ -320,6 +320,105 @@ def test_cluster_jobs_spanning_a_dead_master_fail_only_its_keys(
     manager.shutdown()
 
 
+def namespace_marked_on(owner: dict[int, str], master: RedisServer, prefix: str) -> str:
+    """A namespace whose marker ``<namespace>:__format__`` hashes to a slot of ``master``."""
+    for i in range(10_000):
+        ns = f"{prefix}-{i}"
+        if owner[key_slot(f"{ns}:__format__".encode())] == master.address:
+            return ns
+    raise AssertionError(f"no namespace {prefix}-N has its marker on {master.address}")
+
+
+def copy_on(owner: dict[int, str], ns: str, master: RedisServer) -> bytes:
+    """The key of the marker's copy on ``master`` (``<ns>:__format__{N}``, the first N whose
+    slot it owns), as the README states the rule."""
+    home = f"{ns}:__format__".encode()
+    if owner[key_slot(home)] == master.address:
+        return home
+    return next(
+        home + b"{%d}" % n for n in range(1 << 16) if owner[key_slot(b"%d" % n)] == master.address
+    )
+
+
+def test_a_stack_built_while_the_master_of_its_namespace_marker_is_down(
+    cluster: list[RedisServer], password_env: str
+) -> None:
+    """One namespace in three has its marker ``<namespace>:__format__`` on a given master:
+    built while that master was dead, the stack said "not reachable at startup" and cascaded
+    nothing at all. The marker has a copy on every master now: the stack claims the live
+    ones, stores and promotes through the live masters, and claims the dead one's copy when
+    it is back; a stack of another block size is still refused, and a refused stack leaves
+    no claim behind."""
+    seed, victim, other = cluster
+    owner = slot_owners(seed)
+    ns = namespace_marked_on(owner, victim, "marker")
+    victim.kill()
+    client = seed.client()
+    deadline = time.monotonic() + 20
+    while "fail" not in client.execute_command("CLUSTER NODES")[victim.address]["flags"].split(","):
+        assert time.monotonic() < deadline, "the Cluster never marked the killed master failed"
+        time.sleep(0.05)
+    assert client.execute_command("CLUSTER INFO")["cluster_state"] == "ok"
+    client.close()
+
+    def build(namespace: str, block: int = BLOCK) -> TieringOffloadingManager:
+        return redis_stack(
+            seed.url(), cluster=True, startup_nodes=[n.address for n in cluster],
+            namespace=namespace, num_blocks=64, timeout_s=1.0, connect_timeout_s=0.5,
+            retry_after_s=0.2, max_retry_after_s=0.5, block=block,
+        )  # fmt: skip
+
+    manager = build(ns)
+    keys = [key(i) for i in range(48)]
+    on_victim = {k for k in keys if owner[key_slot(f"{ns}:{k.hex()}".encode())] == victim.address}
+    assert 0 < len(on_victim) < len(keys)
+    ctx = ReqContext(req_id="w")
+    store(manager, keys, ctx)
+    manager.drain(15.0)
+    stats = manager.get_stats().tiers[0]
+    assert (stats.cascaded_blocks, stats.failed_cascades) == (48 - len(on_victim), len(on_victim))
+    manager.on_request_finished(ctx)
+    manager.reset_cache()
+    req = ReqContext(req_id="reader")
+    hits = [k for k, a in zip(keys, resolve(manager, keys, req, timeout=15.0)) if a is HIT]
+    assert set(hits) == set(keys) - on_victim
+    load_and_check(manager, hits, req)
+    manager.on_request_finished(req)
+
+    with pytest.raises(ConfigError, match=rf"namespace '{ns}' .* holds .*block_size={BLOCK}"):
+        build(ns, block=2 * BLOCK)  # the live masters' copies refuse it
+    # A refused stack withdraws what it wrote: plant a foreign marker on one live master's
+    # copy only; the stack claims the other's, meets the foreign one, deletes its own.
+    fresh = namespace_marked_on(owner, other, "fresh")
+    raw_seed, raw_other = seed.client(), other.client()
+    raw_seed.set(copy_on(owner, fresh, seed), b"kv-offload-redis-tier format=1 block_size=999")
+    with pytest.raises(ConfigError, match="block_size=999"):
+        build(fresh)
+    assert raw_other.exists(copy_on(owner, fresh, other)) == 0, "a refused stack left a claim"
+
+    victim.start()  # back, empty: the stack claims its copy and stores there again
+    marker = f"kv-offload-redis-tier format=1 block_size={BLOCK}".encode()
+    raw_victim = victim.client()
+    while raw_victim.execute_command("CLUSTER INFO")["cluster_state"] != "ok":  # rejoining
+        assert time.monotonic() < deadline + 30, "the restarted master never rejoined"
+        time.sleep(0.05)
+    batch = 0
+    while raw_victim.get(copy_on(owner, ns, victim)) != marker:
+        assert time.monotonic() < deadline + 30, "the returned master's copy was never claimed"
+        batch += 1
+        more = [key(1000 * batch + i) for i in range(8)]
+        req = ReqContext(req_id=f"after-{batch}")
+        store(manager, more, req)
+        manager.drain(15.0)
+        manager.on_request_finished(req)
+        manager.reset_cache()
+        time.sleep(0.1)
+    for raw in (raw_seed, raw_other, raw_victim):
+        raw.close()
+    assert_quiet(manager)
+    manager.shutdown()
+
+
 def test_cluster_heals_when_a_replica_takes_over_a_killed_master(
     replicated_cluster: list[RedisServer], password_env: str
 ) -> None:
@@ -519,6 +618,19 @@ def test_cluster_true_against_a_standalone_server_is_a_config_error(
     """It was a warning and a stack that cascaded nothing: a permanent misconfiguration."""
     with pytest.raises(ConfigError, match=r"cluster = true, but .* is a standalone server"):
         redis_stack(redis_server.url(), cluster=True, password_env=password_env)
+
+
+def test_cluster_false_against_a_cluster_node_is_a_config_error(
+    cluster: list[RedisServer], password_env: str
+) -> None:
+    """The mirror of the case above: a raw MovedError when the namespace marker's slot was
+    on another master, and a stack whose jobs failed with MOVED when it was on this one."""
+    node = cluster[0]
+    owner = slot_owners(node)
+    for master in (node, cluster[1]):  # the marker's slot on this node, and on another
+        ns = namespace_marked_on(owner, master, "single")
+        with pytest.raises(ConfigError, match=r"is a Redis Cluster node .*; set cluster = true"):
+            redis_stack(node.url(), namespace=ns)
 
 
 def test_a_database_the_server_does_not_have_is_a_config_error(

@@ -134,12 +134,14 @@ class Servers:
             except Exception as exc:
                 logger.debug("%s: Cluster topology refresh failed: %s", self.settings.tier, exc)
 
-    def client_for(self, key: bytes) -> tuple[str, Redis, CircuitBreaker]:
-        groups = self.route([key])
-        group = groups[0]
-        if group.client is None or group.breaker is None:
-            raise Unreachable(group.reason)
-        return group.server, group.client, group.breaker
+    def masters(self) -> dict[int, str] | None:
+        """The master (``host:port``) of each covered slot, as the Cluster client's slot map
+        has it (a dead master keeps its slots until a replica takes them over); ``None`` for
+        a standalone server. :class:`Unreachable` if no Cluster node answered yet."""
+        if self._client is not None:
+            return None
+        slots = self._cluster_client().nodes_manager.slots_cache
+        return {slot: nodes[0].name for slot, nodes in list(slots.items()) if nodes}
 
     def route(self, keys: Sequence[bytes]) -> list[Group]:
         """``keys`` (Redis keys) grouped per server, in first-seen order."""
