@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -530,6 +533,84 @@ def test_a_removed_root_dir_is_reported_once_and_the_tier_recovers_when_it_is_ba
     assert tier.lookup(key(209), ctx) is True
     assert promote(m, key(209), ctx) is HIT  # and its bytes come back from the new directory
     m.shutdown()
+
+
+def in_shard(shard: int, start: int) -> int:
+    """The first ``i >= start`` whose ``key(i)`` goes to ``shard``."""
+    from kv_offload_fs_tier._layout import shard_of
+
+    return next(i for i in itertools.count(start) if shard_of(key(i)) & 0xFF == shard)
+
+
+@pytest.mark.parametrize(
+    "removed",
+    [["blocks"], ["shards"], ["tmp"], ["blocks", "tmp", "lock", "kv-offload-fs.json"]],
+    ids=["blocks", "two shards", "tmp", "everything in it"],
+)
+def test_a_removed_part_of_root_dir_is_named_and_recreated_with_its_blocks_dropped(
+    tmp_path: Path, caplog: Any, removed: list[str]
+) -> None:
+    """``root_dir/blocks`` removed, ``root_dir`` kept: the log said "root_dir ... was
+    removed" (false), no "is back" ever came (the tier's own lock refused the reopen), and
+    every cascade failed for the rest of the run. Now the warning names what is missing, the
+    blocks that were in it leave the index at once, the tier recreates the layout (it owns
+    the directory: it holds its lock), says it is back, and stores again."""
+    from kv_offload_fs_tier._layout import shard_of
+
+    root = tmp_path / "fs"
+    m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    ctx = ReqContext("r")
+    for i in range(0, 40, 2):
+        store(m, [key(i), key(i + 1)], ctx)
+    if removed == ["shards"]:
+        shards = sorted({shard_of(key(i)) & 0xFF for i in (0, 1)})
+        removed = [f"blocks/{s:02x}" for s in shards]
+        probes = [in_shard(s, 1000) for s in shards]  # stores that find their shard gone
+    else:
+        probes = [1000]
+    for name in removed:
+        path = root / name
+        while path.exists():  # the I/O threads may be creating spare files meanwhile
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink()
+    on_disk = {p.name for p in block_files(root)}
+    kept = {i for i in range(40) if key(i).hex() in on_disk}
+    assert kept != set(range(40)) or removed == ["tmp"]
+    with caplog.at_level(logging.WARNING, "kv_offload.fs_tier"):
+        for i in [*probes, *range(100, 140)]:
+            store(m, [key(i)], ctx)
+    warnings = [r.getMessage() for r in caplog.records]
+    lost = [w for w in warnings if "while the tier ran" in w]
+    assert len(lost) == 1 and len(warnings) <= 2, warnings  # the loss, not a line per job
+    assert f"under root_dir {root} " in lost[0]  # not "root_dir ... was removed"
+    named = ["blocks", "tmp"] if "lock" in removed else removed
+    assert all(f"{name}/" in lost[0] for name in named), lost
+    assert tier.get_stats().root_lost == 1
+    for i in sorted(set(range(40)) - kept):  # the blocks that were in it are gone, at once
+        assert tier.lookup(key(i), ctx) is False
+    time.sleep(1.1)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "kv_offload.fs_tier"):
+        for i in range(200, 210, 2):
+            store(m, [key(i), key(i + 1)], ctx)
+    back = [r.getMessage() for r in caplog.records if "is back" in r.getMessage()]
+    assert len(back) == 1, [r.getMessage() for r in caplog.records]
+    assert all((root / name).exists() for name in removed)  # recreated
+    assert (root / "lock").read_text().strip() == str(os.getpid())
+    assert tier.lookup(key(209), ctx) is True
+    assert promote(m, key(209), ctx) is HIT
+    for i in kept:  # the blocks of the directories left in place still load
+        assert tier.lookup(key(i), ctx) is True, i
+        assert promote(m, key(i), ctx) is HIT
+    check_no_leaks(m)
+    m.shutdown()
+    again = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)  # a restart finds them
+    assert key(209) in again.tiers[0]  # type: ignore[operator]
+    again.shutdown()
 
 
 def test_validate_warns_when_the_capacity_is_larger_than_the_disk(

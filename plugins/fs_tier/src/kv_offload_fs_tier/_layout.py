@@ -47,6 +47,16 @@ def key_name(key: bytes) -> str:
     return key.hex()
 
 
+def _in_place(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file or directory open as ``fd``."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
 class RootDir:
     """Opens (creating if needed), locks and checks ``root_dir`` for blocks of ``block_size``."""
 
@@ -94,7 +104,7 @@ class RootDir:
 
     def _lock(self) -> None:
         try:
-            fd = self._keep(
+            fd = self.lock_fd = self._keep(
                 os.open(
                     "lock",
                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -232,6 +242,35 @@ class RootDir:
             os.unlink("probe.tmp", dir_fd=self.tmp_fd)
         except OSError as exc:
             raise self._read_only(exc) from exc
+
+    def missing(self) -> list[str]:
+        """What of the layout is no longer in place (removed, or replaced by another entry),
+        relative to ``root_dir``: ``[]`` when all is, ``["."]`` when ``root_dir`` itself is
+        gone. (A shard is only named when ``blocks/`` itself is in place.)"""
+        path = self.path
+        if not _in_place(path, self.root_fd):
+            return ["."]
+        entries = [("tmp/", self.tmp_fd), ("blocks/", self.blocks_fd), ("lock", self.lock_fd)]
+        gone = [name for name, fd in entries if not _in_place(path / name, fd)]
+        if "blocks/" not in gone:
+            gone += [
+                f"blocks/{shard:02x}/"
+                for shard, fd in enumerate(self.shard_fds)
+                if not _in_place(path / "blocks" / f"{shard:02x}", fd)
+            ]
+        if not (path / _format.MARKER_NAME).exists():
+            gone.append(_format.MARKER_NAME)
+        return gone
+
+    def release_lock(self) -> None:
+        """Let go of ``root_dir``'s lock (to reopen the directory in this process: ``flock``
+        is per open file, the new one would be refused); the other descriptors stay open
+        for the I/O queued on them."""
+        fd = self.lock_fd
+        if fd in self._fds:
+            self._fds.remove(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def close(self) -> None:
         """Close every descriptor; closing the lock file releases the lock."""

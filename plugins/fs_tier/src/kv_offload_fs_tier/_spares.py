@@ -93,6 +93,10 @@ class SparePool:
             self.precreated += 1
             return True
 
+    def resume(self) -> None:
+        """Create files ahead again (a new ``tmp/``: the failure that stopped it is past)."""
+        self._precreating = self.precreate_files > 0
+
     def drop_all(self, tmp_fd: int | None) -> None:
         """Delete every spare (a full disk: their space is wanted for blocks; shutdown), or
         forget them (``tmp_fd`` ``None``: their directory is gone)."""

@@ -30,7 +30,6 @@ import numpy as np
 from kv_offload import OffloadKey, ReqContext
 from kv_offload.block_auth import AuthFailureLog
 from kv_offload.tiering import (
-    JobDirection,
     JobMetadata,
     JobResult,
     OffloadingConfig,
@@ -269,15 +268,16 @@ class FileSystemTier(SecondaryTierManager):
         full disk, report it once."""
         watch = self._root_watch
         self._book.land(job, present=not watch.gone)  # else the files went with the directory
-        if job.direction is JobDirection.STORE:
-            if job.kind == "ENOENT" and not watch.gone and watch.removed():
-                watch.lose(self._index.clear())
-                self._spares.drop_all(None)  # their files went with the directory
+        if job.kind in ("ENOENT", "missing") and not watch.gone:
+            missing = self._io.root.missing()  # a directory of the layout removed?
+            if missing:
+                watch.lose(self._index.clear(), missing)
+                self._spares.drop_all(None)  # forgotten: the scan at the reopen removes any left
                 self._stats.root_lost += 1
-            elif job.kind == "ENOSPC":
-                self._spares.drop_all(self._io.root.tmp_fd)
-                if self._fit_to_disk(full=True):
-                    self._make_room(0)  # for later stores, instead of every store failing
+        if job.kind == "ENOSPC":  # a store found the disk full
+            self._spares.drop_all(self._io.root.tmp_fd)
+            if self._fit_to_disk(full=True):
+                self._make_room(0)  # for later stores, instead of every store failing
         self._book.report(self.name, job_id, job, quiet=watch.gone)
 
     def _fit_to_disk(self, full: bool) -> bool:
@@ -298,6 +298,7 @@ class FileSystemTier(SecondaryTierManager):
         root, found = back
         self._io = dataclasses.replace(self._io, root=root)
         self._index.add(found.keys)  # a directory that came back with blocks (say, remounted)
+        self._spares.resume()  # creating files ahead failed while tmp/ was gone
         self._make_room(0)
         return True
 
