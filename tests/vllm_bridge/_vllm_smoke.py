@@ -1,15 +1,15 @@
 """The smoke route: vLLM 0.33's scheduler-side kv_offload sources, from its wheel, without torch.
 
 Where no CPU build of torch is available the nox ``vllm`` session cannot install vLLM's real
-environment. It then unpacks the vLLM 0.33.0 wheel and sets ``KVO_VLLM_SMOKE_SRC`` to the
-unpacked directory: :func:`install` makes ``import vllm.<...>`` load the wheel's own files
-without running any package ``__init__`` (``vllm/__init__.py`` pulls in torch and the engine),
-and stubs only what the CPU manager, the policies and the tier base import but do not use on
-the scheduler path: ``torch`` (a type annotation), ``vllm.logger``, ``vllm.v1.kv_hints`` and
-the connector's metrics class. Everything the tests drive (``CPUOffloadingManager``, its
-``CachePolicyFactory``, ``ChunkStatus``, the tier base classes) is vLLM's unmodified code.
-Tests that need vLLM's tiering spec (shared memory through torch) are skipped on this route,
-and the session labels its output as a smoke test.
+environment. It then unpacks the vLLM 0.33.0 wheel (its Python files and metadata) and sets
+``KVO_VLLM_SMOKE_SRC`` to the unpacked directory: :func:`install` makes ``import vllm.<...>``
+load the wheel's own files without running any package ``__init__`` (``vllm/__init__.py`` pulls
+in torch and the engine), and stubs only what the CPU manager, the policies and the tier base
+import but do not use on the scheduler path: ``torch`` (a type annotation), ``vllm.logger``,
+``vllm.v1.kv_hints`` and the connector's metrics class. Everything the tests drive
+(``CPUOffloadingManager``, its ``CachePolicyFactory``, ``ChunkStatus``, the tier base classes)
+is vLLM's unmodified code. Tests that need vLLM's tiering spec (shared memory through torch)
+are skipped on this route, and the session labels its output as a smoke test.
 """
 
 from __future__ import annotations
@@ -94,3 +94,6 @@ def install(root: str | Path) -> None:
     for name, module in _stubs().items():
         sys.modules.setdefault(name, module)
     sys.meta_path.insert(0, _WheelFinder(root))
+    # The wheel's .dist-info, found on sys.path: the bridge reads the vLLM release from the
+    # distribution providing `vllm` (the finder above still answers every vllm import).
+    sys.path.append(str(root))

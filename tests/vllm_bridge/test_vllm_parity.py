@@ -20,13 +20,17 @@ from typing import Any
 
 import pytest
 from _scheduler_flow import FlowReport, Side, kv_offload_side, run_flow
-from _vllm import require_vllm
+from _vllm import require_release, require_vllm
 from kv_offload import CPUOffloadingManager, ReqContext
 
 vllm_manager = require_vllm("vllm.v1.kv_offload.cpu.manager")
 vllm_base = require_vllm("vllm.v1.kv_offload.base")
 
 import kv_offload_vllm  # noqa: E402 - after the skip: the bridge is useless without vLLM
+
+#: The releases whose built-in ``lru`` and ``arc`` the claim is about (0.32's decide otherwise).
+PARITY_RELEASES = ("0.33",)
+require_release(*PARITY_RELEASES, claim="parity with vLLM's built-in lru and arc")
 
 #: kv-offload policy -> the vLLM 0.33 built-in it claims to equal.
 PAIRS = {"prefix-lru": "lru", "vllm-arc": "arc"}

@@ -1,4 +1,4 @@
-"""kv-offload tiers inside vLLM 0.33's own, unmodified TieringOffloadingManager.
+"""kv-offload tiers inside vLLM's own, unmodified TieringOffloadingManager.
 
 The manager is built by the spec vLLM's ``OffloadingSpecFactory`` makes of the exact
 ``kv_connector_extra_config`` the README documents, so vLLM's own config parsing,
@@ -154,6 +154,14 @@ def vllm_logs() -> Iterator[VLLMLogs]:
         logging.getLogger(name).removeHandler(handler)
 
 
+def reset_flushed(manager: Any) -> None:
+    """What vLLM's scheduler calls once the workers reported the jobs in flight at a reset
+    (0.33 on; vLLM 0.32's manager has no such call)."""
+    flushed = getattr(manager, "on_reset_flushed", None)
+    if flushed is not None:
+        flushed()
+
+
 def shutdown_cleanly(manager: Any, logs: VLLMLogs) -> None:
     region = manager.primary_tier._mmap_region
     manager.shutdown()
@@ -188,7 +196,7 @@ def test_example_tier_promotes_exact_bytes(recorder: Recorder, vllm_logs: VLLMLo
     assert ("kvo_example", "store", True, 8 * BLOCK_BYTES) in recorder.jobs
 
     manager.reset_cache()
-    manager.on_reset_flushed()
+    reset_flushed(manager)
     assert manager.lookup(wanted[0], vllm_base.ReqContext("d")) is not HIT
     shutdown_cleanly(manager, vllm_logs)
 
@@ -247,7 +255,7 @@ def test_fs_tier_promotes_exact_bytes_and_survives_an_engine_restart(
     manager.reset_cache()  # vLLM drains every tier (drain_jobs) before freeing CPU rows
     assert not manager.has_pending_work()
     assert all(tier.tier.lookup(k, None) is True for k in third)
-    manager.on_reset_flushed()
+    reset_flushed(manager)
     shutdown_cleanly(manager, vllm_logs)
 
     # A new engine over the same directory: the fs tier rebuilds its index from the files.
@@ -361,7 +369,7 @@ def test_reset_cache_waits_for_in_flight_jobs(vllm_logs: VLLMLogs) -> None:
     assert sorted(tier.tier.rows) == blocks
     for key in blocks:
         assert np.array_equal(tier.tier.rows[key], block_bytes([key], BLOCK_BYTES)[0])
-    manager.on_reset_flushed()
+    reset_flushed(manager)
 
     # The tier still has the blocks: a lookup promotes them back, through the slow path.
     ctx = vllm_base.ReqContext("b")
@@ -388,7 +396,10 @@ def test_a_tier_keeping_the_buffer_is_reported(vllm_logs: VLLMLogs) -> None:
     manager.shutdown()
     warnings = vllm_logs.warnings()
     assert any("kvo_leaky" in w and "still holds" in w for w in warnings), warnings
-    assert any("Keeping" in w and "mapped" in w for w in warnings), warnings
+    # vLLM's own warning: "Keeping <path> mapped" (0.33 on), "Failed to close mmap_obj" (0.32).
+    assert any(("Keeping" in w and "mapped" in w) or "close mmap_obj" in w for w in warnings), (
+        warnings
+    )
 
 
 def test_unknown_tier_arguments_are_refused_naming_the_tier() -> None:

@@ -1,4 +1,5 @@
-"""Run installed kv-offload policies and tiers inside vLLM 0.33's own offloading managers.
+"""Run installed kv-offload policies and tiers inside vLLM's own offloading managers, on every
+release in :data:`SUPPORTED_VLLM` (their differences: :mod:`kv_offload_vllm.compat`).
 
 In ``kv_connector_extra_config``::
 
@@ -14,7 +15,7 @@ this package does not import vLLM; asking for a bridged class does.
 from __future__ import annotations
 
 from ._common import PREFIX
-from ._vllm import SUPPORTED_VLLM
+from .compat import SUPPORTED_VLLM
 from .policy_adapter import policy_adapter
 from .tier_adapter import tier_adapter
 

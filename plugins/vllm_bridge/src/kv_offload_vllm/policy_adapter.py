@@ -1,4 +1,5 @@
-"""A kv-offload eviction policy as a vLLM 0.33 ``CachePolicy``.
+"""A kv-offload eviction policy as a vLLM ``CachePolicy`` (written to 0.33's interface; what
+another release differs in is bridged by :mod:`kv_offload_vllm.compat`).
 
 vLLM's ``CPUOffloadingManager`` owns the chunks: ctypes ``ChunkStatus`` structs whose
 ``ref_cnt`` it changes in place. The adapter hands the kv-offload policy a
@@ -48,7 +49,7 @@ from kv_offload.policies import BlockStatus, CachePolicy, CachePolicyFactory
 
 from ._common import PREFIX, fire_hook, kvo_context
 from ._victims import checked_victims
-from ._vllm import vllm_api
+from .compat import vllm_api
 
 __all__ = ["policy_adapter"]
 
@@ -308,9 +309,10 @@ def policy_adapter(name: str) -> type[Any]:
             if self._mark_non_evictable is not None:
                 self._mark_non_evictable(key)
 
-    BridgedCachePolicy.__name__ = BridgedCachePolicy.__qualname__ = bridged_name
-    BridgedCachePolicy.__doc__ = (
+    bridged: type[Any] = api.release.policy_class(BridgedCachePolicy)
+    bridged.__name__ = bridged.__qualname__ = bridged_name
+    bridged.__doc__ = (
         f"kv-offload policy {name!r} ({kvo_cls.__module__}.{kvo_cls.__qualname__}) "
         f"inside vLLM's CPUOffloadingManager."
     )
-    return BridgedCachePolicy
+    return bridged

@@ -1,4 +1,5 @@
-"""A kv-offload secondary tier as a vLLM 0.33 ``SecondaryTierManager``.
+"""A kv-offload secondary tier as a vLLM ``SecondaryTierManager`` (written to 0.33's interface;
+what another release differs in is bridged by :mod:`kv_offload_vllm.compat`).
 
 vLLM's ``SecondaryTierFactory`` constructs the class with ``offloading_spec=``,
 ``primary_kv_view=``, ``tier_type=``, ``backpressure_detector=`` and the tier config's other
@@ -48,7 +49,7 @@ from kv_offload.tiering import (
 )
 
 from ._common import PREFIX, fire_hook, kvo_context
-from ._vllm import vllm_api
+from .compat import vllm_api
 
 __all__ = ["tier_adapter"]
 
