@@ -408,10 +408,16 @@ class ReuseManagerMachine(ManagerMachine):
     policy = "reuse"
 
 
+class SAEManagerMachine(ManagerMachine):
+    policy = "sae"
+
+
 LRUManagerMachine.TestCase.settings = MACHINE_SETTINGS
 ARCManagerMachine.TestCase.settings = MACHINE_SETTINGS
 ReuseManagerMachine.TestCase.settings = MACHINE_SETTINGS
+SAEManagerMachine.TestCase.settings = MACHINE_SETTINGS
 
 TestLRUManagerStateful = _skip_unless_installed("lru")(LRUManagerMachine.TestCase)
 TestARCManagerStateful = _skip_unless_installed("arc")(ARCManagerMachine.TestCase)
 TestReuseManagerStateful = _skip_unless_installed("reuse")(ReuseManagerMachine.TestCase)
+TestSAEManagerStateful = _skip_unless_installed("sae")(SAEManagerMachine.TestCase)

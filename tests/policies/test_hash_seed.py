@@ -9,7 +9,7 @@ import json
 
 from test_cli import TRACE, kvo
 
-POLICIES = ["lru", "prefix-lru", "arc", "vllm-arc", "reuse"]
+POLICIES = ["lru", "prefix-lru", "arc", "vllm-arc", "reuse", "sae"]
 SEEDS = ["0", "1", "2", "12345"]
 
 

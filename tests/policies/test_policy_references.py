@@ -16,6 +16,7 @@ from kv_offload.policies import CachePolicyFactory
     [
         ("lru", "kv_offload_lru.reference", "ReferenceLRUCachePolicy"),
         ("arc", "kv_offload_arc.reference", "ReferenceARCCachePolicy"),
+        ("sae", "kv_offload_sae.reference", "ReferenceSessionAwarePolicy"),
     ],
 )
 def test_reference_matches_the_policy_through_the_manager(
