@@ -17,15 +17,20 @@ The built-in policies follow SGLang HiCache's prefetch policies:
 
 Policies are plugins like every other kind: entry-point group ``kv_offload.load_wait``
 (the built-in ones are registered by the ``kv-offload`` distribution itself), or
-``module_path`` for one not installed. Settings come from ``--load-wait-option KEY=VALUE``.
+``module_path`` for one not installed (the API's; the command line takes installed names).
+Settings come from ``--load-wait-option KEY=VALUE``. A policy that fails to build, raises, or
+answers something other than seconds (a number >= 0, ``math.inf`` included; never NaN) is a
+:class:`~kv_offload.errors.PluginError` naming it (:func:`checked_budget_s`).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, KVOffloadError, PluginError
+from .plugins.construct import construct
 from .plugins.registry import PluginRegistry
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "Timeout",
     "WaitComplete",
     "build_load_wait",
+    "checked_budget_s",
     "load_wait_registry",
 ]
 
@@ -47,6 +53,9 @@ class LoadWaitPolicy:
     Subclasses implement :meth:`budget_s`; settings arrive as keyword arguments to
     ``__init__`` (reject unknown ones with :class:`~kv_offload.errors.ConfigError`).
     """
+
+    #: The name it was built by (:func:`build_load_wait`), for errors that name it.
+    plugin_name: str = ""
 
     def budget_s(self, prefix_blocks: int, block_tokens: int) -> float:
         """Wall-clock seconds a request with ``prefix_blocks`` blocks of ``block_tokens``
@@ -106,18 +115,78 @@ load_wait_registry: PluginRegistry[LoadWaitPolicy] = PluginRegistry(
     LOAD_WAIT_ENTRY_POINT_GROUP,
     LoadWaitPolicy,
     "--load-wait NAME",
+    takes_module_path=False,  # the command line selects installed policies only
 )
+
+KIND = load_wait_registry.kind
 
 
 def build_load_wait(
     name: str, options: dict[str, Any] | None = None, module_path: str | None = None
 ) -> LoadWaitPolicy:
-    """The policy called ``name`` (installed, or from ``module_path``) with ``options``; a
-    bad option is a :class:`~kv_offload.errors.ConfigError` naming the policy."""
+    """The policy called ``name`` (installed, or from ``module_path``) with ``options``. An
+    option it does not take, or rejects, is a :class:`~kv_offload.errors.ConfigError`
+    naming the policy; a constructor that fails otherwise is a
+    :class:`~kv_offload.errors.PluginError`."""
+    options = options or {}
     cls = load_wait_registry.resolve(name, module_path)
+    _check_options(name, cls, options)
     try:
-        return cls(**(options or {}))
-    except TypeError as exc:
+        policy = construct(KIND, name, cls, **options)
+    except ConfigError as exc:  # the policy's own check of an option: say whose it is
+        raise ConfigError(f"load-wait policy {name!r}: {exc}", key=exc.key) from exc
+    if not isinstance(policy, LoadWaitPolicy):
+        raise PluginError(
+            f"load-wait policy {name!r} built a {type(policy).__name__}, not a "
+            f"LoadWaitPolicy; subclass kv_offload.load_wait.LoadWaitPolicy",
+            kind=KIND,
+            plugin=name,
+        )
+    policy.plugin_name = name
+    return policy
+
+
+def _check_options(name: str, cls: type, options: dict[str, Any]) -> None:
+    """Options the constructor does not take are the user's mistake, found before it is
+    called (a ``TypeError`` from inside it is the plugin's own bug)."""
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no signature to read: let the call decide
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(options) - set(parameters))
+    if unknown:
+        takes = ", ".join(sorted(parameters)) or "no options"
         raise ConfigError(
-            f"load-wait policy {name!r} does not take these options {sorted(options or {})}: {exc}"
-        ) from None
+            f"load-wait policy {name!r} does not take the options {unknown}; it takes: {takes}"
+        )
+
+
+def checked_budget_s(policy: LoadWaitPolicy, prefix_blocks: int, block_tokens: int) -> float:
+    """``policy.budget_s(prefix_blocks, block_tokens)``, checked: a policy that raises or
+    answers anything but seconds >= 0 (``math.inf`` included) is a
+    :class:`~kv_offload.errors.PluginError` naming it and the contract it broke (a NaN
+    would otherwise make every request give up at once, silently)."""
+    name = policy.plugin_name or type(policy).__name__
+    try:
+        budget: object = policy.budget_s(prefix_blocks, block_tokens)
+    except KVOffloadError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"load-wait policy {name!r} raised {type(exc).__name__}: {exc} in "
+            f"budget_s({prefix_blocks}, {block_tokens}); fix the plugin's budget_s()",
+            kind=KIND,
+            plugin=name,
+        ) from exc
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+        raise PluginError(
+            f"load-wait policy {name!r} broke the budget_s() contract: it answered "
+            f"{type(budget).__name__} {budget!r:.80} for budget_s({prefix_blocks}, "
+            f"{block_tokens}); the answer must be seconds as a number >= 0 (0: never wait, "
+            f"math.inf: until the promotions resolve). Fix the plugin's budget_s()",
+            kind=KIND,
+            plugin=name,
+        )
+    return float(budget)

@@ -36,7 +36,7 @@ import numpy as np
 from .arrivals import Arrivals, TraceArrivals
 from .errors import ConfigError
 from .keys import OffloadKey
-from .load_wait import LoadWaitPolicy
+from .load_wait import LoadWaitPolicy, checked_budget_s
 from .replay import Manager, block_bytes
 from .replay_records import CPU, ReplayProbe, TimedReplayResult, TimedRequest
 from .types import LookupResult
@@ -121,7 +121,8 @@ class Engine:
             if waiting.since is None:
                 waiting.since = now
                 waiting.budget = min(
-                    self.load_wait.budget_s(len(keys), self.block_tokens), MAX_REQUEST_WAIT_S
+                    checked_budget_s(self.load_wait, len(keys), self.block_tokens),
+                    MAX_REQUEST_WAIT_S,
                 )
                 if waiting.budget > 0:
                     self.result.waited_requests += 1

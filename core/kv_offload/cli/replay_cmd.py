@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config import StackConfig, resolve_config
 from ..errors import ConfigError, KVOffloadError
-from ..fleet import EngineSettings, finish_timeout, plan_fleet, router_registry, run_fleet
+from ..fleet import EngineSettings, build_router, finish_timeout, plan_fleet, run_fleet
 from ..geometry import Geometry, apply_geometry, describe_scaling, parse_size
 from ..load_wait import build_load_wait
 from ..plugins import HOOK_ENTRY_POINT_GROUP
@@ -84,7 +84,7 @@ def _check_fleet_options(args: argparse.Namespace) -> None:
 
 def _run_fleet(args: argparse.Namespace, stack: StackConfig, trace: Trace) -> dict[str, Any]:
     name = args.router or DEFAULT_ROUTER
-    router = router_registry.resolve(name)()
+    router = build_router(name)
     plan = plan_fleet(stack, args.engines)
     note = plan.note()
     if note is not None and args.json:  # the text report says it too

@@ -14,6 +14,7 @@ from .routers import (
     PrefixHash,
     RoundRobin,
     Router,
+    build_router,
     router_registry,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "PrefixHash",
     "RoundRobin",
     "Router",
+    "build_router",
     "finish_timeout",
     "plan_fleet",
     "router_registry",

@@ -5,36 +5,45 @@ plan (:mod:`kv_offload.fleet.plan`: which tiers it shares with the others).
 
 The dispatcher (this process) keeps the trace's clock: at each request's arrival it asks the
 router (:mod:`kv_offload.fleet.routers`) which live engine takes it, given each engine's
-unfinished requests, and sends it there. Every wait is bounded and every engine accounted
+unfinished requests, and sends it there; each router call is bounded and its answer checked
+(:mod:`kv_offload.fleet.bounded_router`). Every wait is bounded and every engine accounted
 for: an engine that cannot start stops the run with its reason; one that dies during the run
 is reported (which engine, its exit code or error) and the others' results still count; one
 that does not finish in time is stopped and reported (:mod:`kv_offload.fleet.accounts`). The
-run never hangs, and a dispatcher that is killed takes its engines with it
+run never hangs, and ends its engines however it ends: an error or ``SIGTERM`` tells them
+to finish and then stops them, and a dispatcher that is killed takes them with it
 (:func:`kv_offload.fleet.engine.exit_with_dispatcher`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import queue
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from ..errors import KVOffloadError
 from ..replay_clock import check_clock
 from ..replay_records import TimedRequest
 from .accounts import EngineState, fleet_report
+from .bounded_router import ROUTE_TIMEOUT_S, BoundedRouter
 from .engine import ERROR, FINISHED, READY, RESULT, EngineSettings, engine_main
 from .plan import FleetPlan
 from .routers import Router
 
-__all__ = ["FleetError", "run_fleet"]
+__all__ = ["ROUTE_TIMEOUT_S", "FleetError", "run_fleet"]
 
 #: How long an engine may take to build its stack and say it is ready.
 START_TIMEOUT_S = 120.0
+#: How long engines told to finish may take to exit before they are terminated.
+STOP_GRACE_S = 5.0
 
 
 class FleetError(KVOffloadError):
@@ -117,17 +126,40 @@ def run_fleet(
         )
         engines.append(EngineState(index, process, inbox))
     fleet = _Fleet(engines, outbox, progress=progress)
+    bounded = BoundedRouter(router)
     try:
-        for engine in engines:
-            engine.process.start()
-        _wait_ready(fleet)
-        started = time.monotonic()
-        _dispatch(fleet, requests, router, settings.speed, started)
-        _finish(fleet, finish_timeout_s)
-        seconds = time.monotonic() - started
+        with _terminate_stops_the_fleet():
+            for engine in engines:
+                engine.process.start()
+            _wait_ready(fleet)
+            started = time.monotonic()
+            _dispatch(fleet, requests, bounded, settings.speed, started)
+            _finish(fleet, finish_timeout_s)
+            seconds = time.monotonic() - started
     finally:
+        bounded.close()
         _stop(fleet)
     return fleet_report(fleet.engines, plan, requests, settings, seconds)
+
+
+@contextlib.contextmanager
+def _terminate_stops_the_fleet() -> Iterator[None]:
+    """While the fleet runs, ``SIGTERM`` raises :class:`FleetError` in the dispatcher, so
+    its engines are stopped and its queues closed as on any error (the signal's default
+    would end the dispatcher at once and leave that to the engines and to multiprocessing's
+    resource tracker). Only the main thread can handle signals; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise FleetError("the fleet was stopped by SIGTERM; its engines were stopped")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _wait_ready(fleet: _Fleet) -> None:
@@ -150,7 +182,7 @@ def _wait_ready(fleet: _Fleet) -> None:
 def _dispatch(
     fleet: _Fleet,
     requests: Sequence[TimedRequest],
-    router: Router,
+    router: BoundedRouter,
     speed: float,
     started: float,
 ) -> None:
@@ -170,21 +202,11 @@ def _dispatch(
                 "every engine died: "
                 + "; ".join(f"engine {e.index}: {e.error or e.stopped}" for e in fleet.engines)
             )
-        chosen = live[_route(router, request, live)]
+        chosen = live[router.route(request.keys, [e.load for e in live])]
         chosen.inbox.put((request, due))
         chosen.sent += 1
     for engine in fleet.live():
         engine.inbox.put(None)
-
-
-def _route(router: Router, request: TimedRequest, live: list[EngineState]) -> int:
-    index = router.route(request.keys, [e.load for e in live])
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(live):
-        raise FleetError(
-            f"router {type(router).__name__} returned {index!r}; route() must return an index "
-            f"into the {len(live)} live engines' loads"
-        )
-    return index
 
 
 def _finish(fleet: _Fleet, timeout_s: float) -> None:
@@ -201,15 +223,25 @@ def _finish(fleet: _Fleet, timeout_s: float) -> None:
 
 
 def _stop(fleet: _Fleet) -> None:
-    """Every engine process ends: joined, else terminated, else killed."""
-    for engine in fleet.engines:
+    """Every engine process ends: told to finish (a run stopped by an error had not told
+    them yet) and given :data:`STOP_GRACE_S` while its messages are read (an engine's exit
+    waits until what it sent is written), else terminated, else killed."""
+    started = [e for e in fleet.engines if e.process.pid is not None]
+    for engine in started:
+        if engine.process.exitcode is None:
+            with contextlib.suppress(Exception):  # a queue that cannot take it: stopped below
+                engine.inbox.put(None)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while any(e.process.is_alive() for e in started) and time.monotonic() < deadline:
+        fleet.pump(0.05)
+    for engine in started:
         process = engine.process
-        if process.pid is None:
-            continue
-        process.join(timeout=5.0)
         if process.is_alive():
             process.terminate()
             process.join(timeout=5.0)
         if process.is_alive():
             process.kill()
             process.join(timeout=5.0)
+        process.join(timeout=0)  # reap it
+        # What it did not read is of no use now; never wait at exit to write it.
+        engine.inbox.cancel_join_thread()

@@ -13,8 +13,11 @@ distribution (group ``kv_offload.routers``, like every other plugin kind):
 * ``least-loaded``: the engine with the fewest unfinished requests (the lowest index on a
   tie).
 
-A router is constructed as ``cls(**options)`` and its :meth:`Router.route` is called once per
-request, in arrival order, on the fleet's dispatcher.
+A router is constructed as ``cls()`` (:func:`build_router`) and its :meth:`Router.route` is
+called once per request, in arrival order, on the fleet's dispatcher, which bounds each call
+and checks its answer (:mod:`kv_offload.fleet.dispatch`): a router that fails to build,
+raises, answers anything but an index into ``loads``, or does not answer in time stops the
+run with a :class:`~kv_offload.errors.PluginError` naming it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 from ..keys import OffloadKey
+from ..plugins.construct import construct
 from ..plugins.registry import PluginRegistry
 
 __all__ = [
@@ -32,6 +36,7 @@ __all__ = [
     "PrefixHash",
     "RoundRobin",
     "Router",
+    "build_router",
     "router_registry",
 ]
 
@@ -40,6 +45,9 @@ ROUTER_ENTRY_POINT_GROUP = "kv_offload.routers"
 
 class Router:
     """Picks an engine for each request of a fleet replay."""
+
+    #: The name it was built by (:func:`build_router`), for errors that name it.
+    plugin_name: str = ""
 
     def route(self, keys: Sequence[OffloadKey], loads: Sequence[int]) -> int:
         """The index into ``loads`` (one entry per live engine: its unfinished requests) of
@@ -82,5 +90,25 @@ class LeastLoaded(Router):
 
 
 router_registry: PluginRegistry[Router] = PluginRegistry(
-    "router", ROUTER_ENTRY_POINT_GROUP, Router, "--router NAME"
+    "router",
+    ROUTER_ENTRY_POINT_GROUP,
+    Router,
+    "--router NAME",
+    takes_module_path=False,  # the command line selects installed routers only
 )
+
+
+def build_router(name: str) -> Router:
+    """The installed router called ``name``; one that fails to build is a
+    :class:`~kv_offload.errors.PluginError` naming it."""
+    cls = router_registry.resolve(name)
+    router = construct("router", name, cls)
+    if not isinstance(router, Router):
+        raise PluginError(
+            f"router {name!r} built a {type(router).__name__}, not a Router; subclass "
+            f"kv_offload.fleet.Router",
+            kind="router",
+            plugin=name,
+        )
+    router.plugin_name = name
+    return router

@@ -10,7 +10,9 @@ Resolution order, first match wins:
    resolved, for every kind (policies, tiers, backpressure detectors, drop policies) and
    whoever passes it (a config file or the API);
 4. otherwise :class:`~kv_offload.errors.PluginNotFoundError` saying what is installed, which
-   distribution provides a known name, and how to use ``module_path``.
+   distribution provides a known name, and how to add one: ``module_path``, or for a kind
+   selected where no ``module_path`` can be given (``--load-wait``, ``--router``), an
+   installed entry point.
 """
 
 from __future__ import annotations
@@ -113,11 +115,23 @@ def public_name(cls: type) -> str:
 class PluginRegistry(Generic[T]):
     """Resolves plugin names of one kind (``"policy"``, ``"tier"``) to subclasses of ``base``."""
 
-    def __init__(self, kind: str, group: str, base: type[T], config_hint: str) -> None:
+    def __init__(
+        self,
+        kind: str,
+        group: str,
+        base: type[T],
+        config_hint: str,
+        *,
+        takes_module_path: bool = True,
+    ) -> None:
+        """``config_hint`` is where users select the kind (``cache_policy_module_path``,
+        ``--router NAME``); ``takes_module_path`` is false for a kind whose users cannot
+        give a ``module_path`` there, so an unknown name is not answered with one."""
         self.kind = kind
         self.group = group
         self.base = base
         self._config_hint = config_hint
+        self._takes_module_path = takes_module_path
         self._registered: dict[str, tuple[str, str]] = {}
         self._loaded: dict[str, type[T]] = {}
         self._entry_points: dict[str, list[metadata.EntryPoint]] | None = None
@@ -280,10 +294,17 @@ class PluginRegistry(Generic[T]):
         dist = KNOWN_DISTRIBUTIONS.get((self.kind, name))
         if dist is not None:
             parts.append(f"{name!r} is provided by {dist}: pip install {dist}")
-        parts.append(
-            f"for an out-of-tree class, set {self._config_hint} to the module that defines "
-            f"a class named {name!r}"
-        )
+        if self._takes_module_path:
+            parts.append(
+                f"for an out-of-tree class, set {self._config_hint} to the module that "
+                f"defines a class named {name!r}"
+            )
+        else:
+            parts.append(
+                f"to add one, install a distribution that declares it as an entry point of "
+                f"the {self.group!r} group (docs/plugin-guide.md), then pass its name to "
+                f"{self._config_hint}"
+            )
         return PluginNotFoundError("; ".join(parts), kind=self.kind, plugin=name)
 
     # -- listing --------------------------------------------------------------------------
