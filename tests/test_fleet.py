@@ -204,9 +204,12 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_engines_exit_when_their_dispatcher_is_killed(tmp_path: Path) -> None:
-    """``kill -9`` of the dispatcher: its engines (and multiprocessing's resource tracker) end
-    within seconds, releasing the fs tier's locks, so the next fleet on the root_dir starts."""
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"])
+def test_engines_exit_when_their_dispatcher_is_killed(tmp_path: Path, how: signal.Signals) -> None:
+    """Issue 37 #4 and #5: ``kill -9`` of the dispatcher, its engines (and multiprocessing's
+    resource tracker) end within seconds, releasing the fs tier's locks, so the next fleet on
+    the root_dir starts. ``SIGTERM``: the dispatcher stops its engines itself, says so, and
+    leaves no semaphore behind for the resource tracker to clean up."""
     config = tmp_path / "fl.toml"
     root = tmp_path / "fs"
     config.write_text(
@@ -214,12 +217,14 @@ def test_engines_exit_when_their_dispatcher_is_killed(tmp_path: Path) -> None:
         f'root_dir = "{root}"\ncapacity_blocks = 4000\n'
     )
     assert SCRIPT is not None
-    dispatcher = subprocess.Popen(
-        [SCRIPT, "replay", str(config), str(TRACE), "--engines", "2", "--speed", "5"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=_env(),
-    )
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as err:
+        dispatcher = subprocess.Popen(
+            [SCRIPT, "replay", str(config), str(TRACE), "--engines", "2", "--speed", "5"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=_env(),
+        )
     try:
         deadline = time.monotonic() + 60
         while not all((root / f"engine-{i}" / "lock").exists() for i in range(2)):
@@ -229,8 +234,8 @@ def test_engines_exit_when_their_dispatcher_is_killed(tmp_path: Path) -> None:
         time.sleep(1.0)  # the engines replay: mid-run
         children = _children(dispatcher.pid)
         assert len(children) >= 2, children  # two engines (and the resource tracker)
-        dispatcher.send_signal(signal.SIGKILL)
-        dispatcher.wait(timeout=10)
+        dispatcher.send_signal(how)
+        code = dispatcher.wait(timeout=30)
         deadline = time.monotonic() + 5
         while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -242,5 +247,10 @@ def test_engines_exit_when_their_dispatcher_is_killed(tmp_path: Path) -> None:
     for pid in left:  # clean up before failing
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes of the killed fleet still running 5 s later: {left}"
+    said = stderr.read_text()
+    if how == signal.SIGTERM:
+        assert code == 2, said
+        assert "the fleet was stopped by SIGTERM" in said, said
+        assert "leaked" not in said, said  # its queues were closed, not left to the tracker
     again = kvo("replay", config, TRACE, "--limit", "30", "--speed", "100", "--engines", "2")
     assert again.returncode == 0, again.stderr
