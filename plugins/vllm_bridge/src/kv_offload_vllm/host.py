@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from kv_offload.errors import ConfigError
 
-from ._vllm import vllm_api
+from .compat import vllm_api
 from .host_worker import host_worker
 
 __all__ = ["HOST_SPEC_MODULE_PATH", "HostOffloadingSpec", "HostTieringOffloadingSpec"]
