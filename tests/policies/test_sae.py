@@ -213,6 +213,17 @@ def test_matches_the_reference_through_the_manager(seed: int) -> None:
         CachePolicyFactory.unregister_cache_policy(name)
 
 
+def test_the_heaps_stay_bounded() -> None:
+    """Stale heap entries are dropped by the heap that is read; a heap that evictions rarely
+    read must still be rebuilt (every heap's length counts), or it grows with every use."""
+    manager, policy = manager_with_sae(200)
+    for req_id, chain in conversation_requests(7, 3000):
+        run_request(manager, chain, req_id)
+        bound = 2 * len(policy.sessions()) + 64
+        heaps = (policy._by_deadline, policy._by_next_use, policy._by_recency)
+        assert max(map(len, heaps)) <= bound, req_id
+
+
 def test_touch_of_unknown_keys_is_ignored() -> None:
     policy = SessionAwareCachePolicy(4)
     policy.touch([k(1)], CTX)

@@ -269,7 +269,10 @@ class SessionAwareCachePolicy(CachePolicy):
         heapq.heappush(self._by_recency, session.recency())
 
     def _compact_if_sparse(self) -> None:
-        if len(self._by_deadline) > 2 * len(self._sessions) + _HEAP_SLACK:
+        # Each heap drops its stale entries only when it is read, and evictions read the
+        # deadline heap most: every heap's length counts, or the others would grow unbounded.
+        longest = max(len(self._by_deadline), len(self._by_next_use), len(self._by_recency))
+        if longest > 2 * len(self._sessions) + _HEAP_SLACK:
             live = self._sessions.values()
             self._by_deadline = [s.deadline() for s in live]
             self._by_next_use = [s.next_use() for s in live]
