@@ -209,3 +209,16 @@ def test_an_unknown_name_says_what_is_installed_and_how_to_add_one(
     proc = kvo("replay", "default", TRACE, "--limit", "5", "--speed", "10", *args)
     line = assert_one_line_error(proc, f"unknown {kind} 'nosuch'", installed, "entry point")
     assert "module" not in line  # these kinds have no module_path: no hint at one
+
+
+def test_a_broken_load_wait_policy_in_a_fleet_is_named_for_each_engine(
+    site: Path, tmp_path: Path
+) -> None:
+    """Every engine fails on the policy's answer; the error names it, and the engines' queues
+    are closed without a semaphore left to the resource tracker (no warning after the line)."""
+    proc = kvo(
+        "replay", _config(tmp_path), TRACE, "--limit", "200", "--speed", "100",
+        "--engines", "2", "--load-wait", "nan-budget", pythonpath=site,
+    )  # fmt: skip
+    line = assert_one_line_error(proc, "every engine died", "engine 0: PluginError")
+    assert line.count("load-wait policy 'nan-budget' broke the budget_s() contract") == 2

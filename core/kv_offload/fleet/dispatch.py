@@ -243,5 +243,28 @@ def _stop(fleet: _Fleet) -> None:
             process.kill()
             process.join(timeout=5.0)
         process.join(timeout=0)  # reap it
-        # What it did not read is of no use now; never wait at exit to write it.
-        engine.inbox.cancel_join_thread()
+        _close_inbox(engine)
+
+
+def _close_inbox(engine: EngineState) -> None:
+    """Close an ended engine's inbox so that this process's exit cannot wait for it.
+
+    The queue's feeder thread writes the requests into a pipe, and the process's exit waits
+    for it; an engine that died or failed leaves requests unread, and a full pipe would
+    block that thread for ever. So what it left is read here (this process holds the read
+    end too), within a bound, then the queue is closed normally. Only if that bound passes
+    is the feeder abandoned (``cancel_join_thread``): abandoning it always would let it end
+    during interpreter shutdown, after unlinking a semaphore but before telling the
+    resource tracker, which then warns of a leak."""
+    inbox = engine.inbox
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            inbox.get(timeout=0.05)
+        except queue.Empty:
+            break
+        except (OSError, ValueError, EOFError):  # already closed, or a torn message
+            break
+    else:
+        inbox.cancel_join_thread()
+    inbox.close()
