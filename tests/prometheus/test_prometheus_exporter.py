@@ -466,3 +466,42 @@ def test_scrapes_during_a_replay_parse_and_never_go_down(requests: list[Any]) ->
         for sample, value in before.items():
             if sample[0].endswith(("_total", "_count", "_sum", "_bucket")) and sample in after:
                 assert after[sample] >= value, sample
+
+
+class _VLLMPolicyLike:
+    """A hook source as the vLLM bridge's policy adapter is one: no ``get_stats``."""
+
+
+class _VLLMTierLike:
+    """As the bridge's tier adapter: vLLM's ``SecondaryTierManager.get_stats`` (``None``)."""
+
+    def get_stats(self) -> None:
+        return None
+
+
+def test_hook_sources_without_kv_offload_stats_export_their_hook_counts() -> None:
+    """Inside vLLM the bridge fires hooks with its adapters as ``manager``: a scrape used to
+    raise (``'NoneType' object has no attribute 'hits'``) and take every series down; now
+    such a source exports its hook counts only."""
+    from kv_offload_prometheus import PrometheusExporter, parse_settings
+
+    exporter = PrometheusExporter(parse_settings({}))
+    policy, tier = _VLLMPolicyLike(), _VLLMTierLike()
+    try:
+        exporter.kv_offload_request_finished(manager=policy)
+        exporter.kv_offload_request_finished(manager=policy)
+        exporter.kv_offload_tier_job_finished(
+            manager=tier, tier="kvo_fs", direction="store", success=True, seconds=0.01
+        )
+        text = prometheus_client.generate_latest(exporter.registry).decode()
+    finally:
+        exporter.close()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("kv_offload_requests_finished_total", (("manager", "0"),))] == 2
+    job = (("direction", "store"), ("manager", "1"), ("outcome", "success"), ("tier", "kvo_fs"))
+    assert samples[("kv_offload_tier_jobs_total", job)] == 1
+    assert not any(name == "kv_offload_capacity_blocks" for name, _ in samples)

@@ -69,9 +69,17 @@ class _Watched:
 
 
 def _stats(manager: Any) -> Any:
+    """The manager's kv-offload stats, or ``None`` for a hook source that has none: inside
+    vLLM the kv-offload-vllm bridge fires hooks with its adapters as ``manager``, vLLM
+    objects whose ``get_stats`` (if any) is vLLM's, not kv-offload's; only their hook
+    counts are exported."""
+    get_stats = getattr(manager, "get_stats", None)
+    if get_stats is None:
+        return None
     for attempt in range(_STATS_ATTEMPTS):
         try:
-            return manager.get_stats()
+            stats = get_stats()
+            return stats if hasattr(stats, "cpu") or hasattr(stats, "hits") else None
         except RuntimeError:  # "dictionary changed size during iteration": read again
             if attempt == _STATS_ATTEMPTS - 1:
                 raise
@@ -98,7 +106,9 @@ class _Collector(Collector):
             manager = record.manager()
             if manager is None or record.label is None:
                 continue
-            families.add_stats(record.label, _stats(manager))
+            stats = _stats(manager)
+            if stats is not None:
+                families.add_stats(record.label, stats)
             families.add_hook_counts(
                 record.label, record.requests_started, record.requests_finished, dict(record.jobs)
             )
