@@ -41,6 +41,7 @@ __all__ = [
     "WaitComplete",
     "build_load_wait",
     "checked_budget_s",
+    "checked_describe",
     "load_wait_registry",
 ]
 
@@ -190,3 +191,29 @@ def checked_budget_s(policy: LoadWaitPolicy, prefix_blocks: int, block_tokens: i
             plugin=name,
         )
     return float(budget)
+
+
+def checked_describe(policy: LoadWaitPolicy) -> str:
+    """``policy.describe()``, checked: one that raises or answers anything but a string is a
+    :class:`~kv_offload.errors.PluginError` naming the policy."""
+    name = policy.plugin_name or type(policy).__name__
+    try:
+        line: object = policy.describe()
+    except KVOffloadError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"load-wait policy {name!r} raised {type(exc).__name__}: {exc} in describe(); "
+            f"fix the plugin's describe()",
+            kind=KIND,
+            plugin=name,
+        ) from exc
+    if not isinstance(line, str):
+        raise PluginError(
+            f"load-wait policy {name!r} broke the describe() contract: it answered "
+            f"{type(line).__name__} {line!r:.80}; describe() returns one line of text for "
+            f"the report. Fix the plugin's describe()",
+            kind=KIND,
+            plugin=name,
+        )
+    return line

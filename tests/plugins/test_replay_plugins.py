@@ -66,6 +66,14 @@ class BudgetRaises(LoadWaitPolicy):
         raise KeyError("budget")
 
 
+class DescribesBadly(LoadWaitPolicy):
+    def budget_s(self, prefix_blocks, block_tokens):
+        return 0.0
+
+    def describe(self):
+        return None
+
+
 class WaitInitRaises(LoadWaitPolicy):
     def __init__(self):
         raise RuntimeError("load-wait init broke")
@@ -88,6 +96,7 @@ LOAD_WAITS = {
     "negative-budget": "NegativeBudget",
     "budget-raises": "BudgetRaises",
     "init-raises": "WaitInitRaises",
+    "describes-badly": "DescribesBadly",
 }
 
 
@@ -173,6 +182,7 @@ def test_a_router_that_hangs_stops_the_fleet_within_its_bound(site: Path, tmp_pa
         ("negative-budget", ["load-wait policy 'negative-budget'", "budget_s() contract", "-1"]),
         ("budget-raises", ["load-wait policy 'budget-raises'", "budget_s()", "KeyError"]),
         ("init-raises", ["load-wait policy 'init-raises'", "failed to initialise", "init broke"]),
+        ("describes-badly", ["load-wait policy 'describes-badly'", "describe() contract"]),
     ],
 )
 def test_a_broken_load_wait_policy_is_named_with_its_contract(

@@ -13,7 +13,7 @@ from ..config import StackConfig, resolve_config
 from ..errors import ConfigError, KVOffloadError
 from ..fleet import EngineSettings, build_router, finish_timeout, plan_fleet, run_fleet
 from ..geometry import Geometry, apply_geometry, describe_scaling, parse_size
-from ..load_wait import build_load_wait
+from ..load_wait import build_load_wait, checked_describe
 from ..plugins import HOOK_ENTRY_POINT_GROUP
 from .default_stack import stack_for
 from .output import print_fleet_report, print_replay_report
@@ -110,7 +110,9 @@ def _run_fleet(args: argparse.Namespace, stack: StackConfig, trace: Trace) -> di
     report["config"] = stack.source
     report["policy"] = stack.policy
     report["num_blocks"] = stack.num_blocks
-    report["load_wait"] = build_load_wait(args.load_wait, dict(args.load_wait_option)).describe()
+    report["load_wait"] = checked_describe(
+        build_load_wait(args.load_wait, dict(args.load_wait_option))
+    )
     return report
 
 

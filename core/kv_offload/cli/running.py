@@ -13,7 +13,7 @@ from ..base import OffloadingManager
 from ..build import build_manager
 from ..config import StackConfig
 from ..errors import KVOffloadError
-from ..load_wait import LoadWaitPolicy
+from ..load_wait import LoadWaitPolicy, checked_describe
 from ..replay import ReplayResult, drain_for_report, replay
 from ..replay_clock import replay_timed
 from ..replay_records import ReplayProbe, TimedReplayResult, TimedRequest, register_probe
@@ -235,7 +235,7 @@ def _timed_report(
     return {
         "timed": True,
         "speed": timed.speed,
-        "load_wait": clock.load_wait.describe(),
+        "load_wait": checked_describe(clock.load_wait),
         "step_seconds": clock.step_s,
         "trace_seconds": timed.trace_seconds,
         "steps": timed.steps,
