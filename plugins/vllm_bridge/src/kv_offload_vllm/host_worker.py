@@ -49,6 +49,30 @@ def host_worker(
         raise
 
 
+#: Word sizes in bytes -> the torch dtype of that size.
+_WORDS: dict[int, Any] = {
+    8: lambda torch: torch.int64,
+    4: lambda torch: torch.int32,
+    2: lambda torch: torch.int16,
+    1: lambda torch: torch.int8,
+}
+
+
+def _word_size(torch: Any, sizes: list[int], *tensors: Any) -> int:
+    """The largest word that divides every size and lets each byte tensor be viewed as
+    words (row strides and storage offset aligned)."""
+    for word in _WORDS:
+        if any(size % word for size in sizes):
+            continue
+        try:
+            for tensor in tensors:
+                tensor.view(_WORDS[word](torch))
+        except RuntimeError:
+            continue
+        return word
+    return 1
+
+
 @functools.cache
 def _worker_class() -> type:
     """The worker class, built on first use: it subclasses vLLM's ``OffloadingWorker``,
@@ -66,10 +90,13 @@ def _worker_class() -> type:
             self._region = region
             self._blocks_per_chunk = blocks_per_chunk
             self._group_refs = kv_caches.group_data_refs
-            #: Per layer tensor: ``(num_blocks, page)`` bytes, vLLM's cache.
+            #: Per layer tensor: vLLM's cache, ``(num_blocks, page)`` bytes as words.
             self._cache: list[Any] = []
             #: Per layer tensor: ``(num_chunks, blocks_per_chunk, page)`` bytes.
             self._buffer: list[Any] = []
+            #: Per layer tensor: the bytes of the words both views are read as (8 when the
+            #: pages allow: an int8 indexing copy is ~400x slower than an int64 one).
+            self._word: list[int] = []
             self._finished: list[Any] = []
             for index, cache_tensor in enumerate(kv_caches.tensors):
                 page = cache_tensor.page_size_bytes
@@ -88,8 +115,15 @@ def _worker_class() -> type:
                     flat = region.create_next_worker_view(page * blocks_per_chunk)
                 else:
                     flat = torch.zeros((num_chunks, page * blocks_per_chunk), dtype=torch.int8)
-                self._cache.append(cache)
-                self._buffer.append(flat.unflatten(1, (blocks_per_chunk, page)))
+                used = [
+                    r.page_size_bytes for g in self._group_refs for r in g if r.tensor_idx == index
+                ]
+                word = _word_size(torch, [page, *used], cache, flat)
+                self._word.append(word)
+                self._cache.append(cache.view(_WORDS[word](torch)))
+                self._buffer.append(
+                    flat.view(_WORDS[word](torch)).unflatten(1, (blocks_per_chunk, page // word))
+                )
             logger.info(
                 "host KV offload worker: %d layer tensors, %d chunks of %d blocks (%s)",
                 len(self._cache),
@@ -131,14 +165,23 @@ def _worker_class() -> type:
                 blocks = torch.from_numpy(cache_ids[cache_at : cache_at + size].astype(np.int64))
                 chunk = torch.from_numpy(slots // per_chunk)
                 within = torch.from_numpy(slots % per_chunk)
+                if store:
+                    positions = [(p, within == p) for p in range(per_chunk)]
+                    if per_chunk == 1:
+                        positions = [(0, slice(None))]
                 for ref in refs:
                     cache = self._cache[ref.tensor_idx]
                     buffer = self._buffer[ref.tensor_idx]
                     used = ref.page_size_bytes
+                    words = used // self._word[ref.tensor_idx]
                     if store:
-                        buffer[chunk, within, :used] = cache[blocks, :used]
+                        rows = cache[blocks, :words]
+                        # One put per position in a chunk (blocks_per_chunk of them): torch's
+                        # put with two index tensors is ~100x slower than with one.
+                        for position, take in positions:
+                            buffer[:, position][chunk[take], :words] = rows[take]
                     else:
-                        cache[blocks, :used] = buffer[chunk, within, :used]
+                        cache[blocks, :words] = buffer[chunk, within, :words]
                     num_bytes += size * used
                 cache_at += size
                 chunk_at += count
