@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from itertools import compress, islice
+from itertools import compress, islice, repeat
 from math import ceil
 from operator import attrgetter, itemgetter, not_
 
@@ -19,6 +19,7 @@ from xxhash import xxh3_64_intdigest as stable_hash
 
 from .duel import Miniature, sample_rate, sampled
 from .memory import FROM_T1, FROM_T2, SLOTS_PER_BLOCK, WINDOW, EvictionMemory, slot_of
+from .safety import MARGIN, RESUME, LRUShadow
 
 __all__ = ["ReuseCachePolicy", "WINDOW", "SLOTS_PER_BLOCK", "MODES", "slot_of"]
 
@@ -55,10 +56,16 @@ class ReuseCachePolicy(CachePolicy):
     """
 
     def __init__(
-        self, cache_capacity: int, *, miniatures: bool = True, mode: str = ADAPTIVE
+        self,
+        cache_capacity: int,
+        *,
+        miniatures: bool = True,
+        mode: str = ADAPTIVE,
+        safety: bool = True,
     ) -> None:
         super().__init__(cache_capacity)
         self._with_miniatures = miniatures
+        self._shadow = LRUShadow(cache_capacity) if safety else None
         if mode not in MODES:
             raise ConfigError(f"ReuseCachePolicy: mode must be one of {MODES}, got {mode!r}")
         self._initial_mode = mode
@@ -89,10 +96,25 @@ class ReuseCachePolicy(CachePolicy):
         if self._with_miniatures and size >= 16:
             self._rate = rate
             self._miniatures = [
-                Miniature(ReuseCachePolicy(size, miniatures=False, mode=mode), size, WINDOW * size)
+                Miniature(
+                    ReuseCachePolicy(size, miniatures=False, mode=mode, safety=False),
+                    size,
+                    WINDOW * size,
+                )
                 for mode in MODES
             ]
         self._vouched: set[OffloadKey] | frozenset[OffloadKey] = _EMPTY
+        # The safety net (:mod:`kv_offload_reuse.safety`): each open request's keys, the hits
+        # of the cache and of its LRU shadow, the blocks requested, whether the cache follows
+        # the shadow, and the resident keys the shadow does not hold (evicted first then).
+        self._requested: dict[str, list[OffloadKey]] = {}
+        self._hits = 0
+        self._lru_hits = 0
+        self._blocks = 0
+        self._following_lru = False
+        self._stale: dict[OffloadKey, None] = {}
+        if self._shadow is not None:
+            self._shadow.clear()
 
     # -- introspection ------------------------------------------------------------------------
 
@@ -108,6 +130,16 @@ class ReuseCachePolicy(CachePolicy):
     @property
     def t2(self) -> list[OffloadKey]:
         return list(self._t2)
+
+    @property
+    def following_lru(self) -> bool:
+        """Whether eviction follows the LRU shadow now (the safety net is engaged)."""
+        return self._following_lru
+
+    @property
+    def deficit(self) -> int:
+        """The LRU shadow's hits less this cache's, over the requests finished so far."""
+        return self._lru_hits - self._hits
 
     def __len__(self) -> int:
         return len(self._resident)
@@ -181,6 +213,11 @@ class ReuseCachePolicy(CachePolicy):
         """Keys before a resident one in a request's prefix were requested before (the
         resident key was stored with its prefix): note them for the store that follows, so
         they are reuses even when both the cache and the memory have lost them."""
+        if self._shadow is not None:
+            requested = self._requested
+            requested.setdefault(req_context.req_id, []).extend(keys)
+            if len(requested) > _MAX_OPEN_REQUESTS:  # requests that never finished
+                del requested[next(iter(requested))]
         if self._miniatures:
             sampled_keys = sampled(keys, self._rate)
             if sampled_keys:
@@ -196,7 +233,8 @@ class ReuseCachePolicy(CachePolicy):
             self._vouched = _EMPTY
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        """Replay the request's sampled keys through the miniatures; follow the leader."""
+        """Replay the request's sampled keys through the miniatures; follow the leader.
+        Replay the whole request through the LRU shadow and keep the deficit in budget."""
         keys = self._sampled.pop(req_context.req_id, None)
         if keys:
             for mini in self._miniatures:
@@ -204,6 +242,33 @@ class ReuseCachePolicy(CachePolicy):
             best = max(self._miniatures, key=_score)  # the miniatures are in MODES order
             if best.score > self._miniatures[MODES.index(self._mode)].score:
                 self._mode = MODES[self._miniatures.index(best)]
+        if self._shadow is not None:
+            self._check_against_lru(self._shadow, req_context)
+
+    def _check_against_lru(self, shadow: LRUShadow, req_context: ReqContext) -> None:
+        """The safety net's step (:mod:`kv_offload_reuse.safety`): replay the request in the
+        shadow, note which resident keys it no longer holds, and switch between following
+        the shadow and the policy's own decisions on the budget."""
+        requested = self._requested.pop(req_context.req_id, None)
+        if not requested:
+            return
+        keys = list(dict.fromkeys(requested))  # a key reported twice was asked for once
+        hits, evicted = shadow.request(keys)
+        self._lru_hits += hits
+        self._blocks += len(keys)
+        stale = self._stale
+        if stale:
+            pop = stale.pop
+            for key in keys:
+                pop(key, None)
+        if evicted:
+            resident = self._resident
+            stale.update(dict.fromkeys(compress(evicted, map(resident.__contains__, evicted))))
+        budget = MARGIN * self._blocks - (self._lru_hits - self._hits)
+        if not self._following_lru:
+            self._following_lru = budget < 0
+        elif budget >= RESUME * self.cache_capacity and self._mode != RECENCY:
+            self._following_lru = False
 
     @property
     def mode(self) -> str:
@@ -215,6 +280,7 @@ class ReuseCachePolicy(CachePolicy):
         t1 = self._t1
         t2 = self._t2
         key_list = keys if type(keys) is list else list(keys)
+        self._hits += len(key_list)
         if self._mode == RECENCY:  # T1 is the one LRU list; T2 only drains
             for key in reversed(key_list):
                 block = t1.pop(key, None) or t2.pop(key, None)
@@ -234,6 +300,7 @@ class ReuseCachePolicy(CachePolicy):
         # A failed store was never used: it leaves no memory of an eviction.
         if self._resident.pop(key, None) is not None and self._t1.pop(key, None) is None:
             del self._t2[key]
+        self._stale.pop(key, None)
 
     # -- eviction -----------------------------------------------------------------------------
 
@@ -244,6 +311,8 @@ class ReuseCachePolicy(CachePolicy):
             return []
         if n > len(self._resident):
             return None
+        if self._following_lru and self._shadow is not None:
+            return self._evict_following(n, protected, self._shadow)
         t1 = self._t1
         t2 = self._t2
         mode = self._mode
@@ -284,6 +353,40 @@ class ReuseCachePolicy(CachePolicy):
         self._forget(picked2, t2, FROM_T2)
         return picked1 + picked2
 
+    def _evict_following(
+        self, n: int, protected: set[OffloadKey], shadow: LRUShadow
+    ) -> _Victims | None:
+        """The safety net's REPLACE: resident blocks the LRU shadow no longer holds first,
+        then the shadow's least recent; blocks neither knows (stored by a request not finished
+        yet) last, T1's before T2's. All or nothing."""
+        resident = self._resident
+        picked: dict[OffloadKey, BlockStatus] = {}
+
+        def take(candidates: Iterable[OffloadKey]) -> bool:
+            for key in candidates:
+                block = resident.get(key)
+                if (
+                    block is not None
+                    and block.ref_cnt == 0
+                    and key not in protected
+                    and key not in picked
+                ):
+                    picked[key] = block
+                    if len(picked) == n:
+                        return True
+            return False
+
+        if not (
+            take(self._stale) or take(shadow.order) or take(self._t1) or take(self._t2)
+        ):
+            return None
+        t1 = self._t1
+        from_t1 = [(key, block) for key, block in picked.items() if key in t1]
+        from_t2 = [(key, block) for key, block in picked.items() if key not in t1]
+        self._forget(from_t1, t1, FROM_T1)
+        self._forget(from_t2, self._t2, FROM_T2)
+        return list(picked.items())
+
     def _forget(
         self, victims: _Victims, listed: OrderedDict[OffloadKey, BlockStatus], origin: int
     ) -> None:
@@ -293,4 +396,6 @@ class ReuseCachePolicy(CachePolicy):
         keys = list(map(_key, victims))
         _consume(map(listed.__delitem__, keys))
         _consume(map(self._resident.__delitem__, keys))
+        if self._stale:
+            _consume(map(self._stale.pop, keys, repeat(None)))
         self.memory.remember(keys, origin)
