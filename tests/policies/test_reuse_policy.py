@@ -304,6 +304,18 @@ def test_the_recency_mode_is_exactly_lru_through_the_manager() -> None:
         CachePolicyFactory.unregister_cache_policy("reuse-recency")
 
 
+def test_a_touch_in_the_recency_mode_keeps_the_block_in_slot_0() -> None:
+    """Regression: the recency mode's touch took ``t1.pop(key) or t2.pop(key)``; a
+    BlockStatus is an int, so the block in slot 0 read as absent and left both lists while
+    staying resident (never evictable again; the safety net's eviction then broke)."""
+    from kv_offload.policies import BlockStatus
+
+    policy = ReuseCachePolicy(4, miniatures=False, mode="recency", safety=False)
+    policy.insert_many([k(1), k(2)], [BlockStatus(0), BlockStatus(1)])
+    policy.touch([k(1)], CTX)
+    assert policy.t1 + policy.t2 == [k(2), k(1)]
+
+
 def test_an_unknown_mode_is_a_config_error() -> None:
     from kv_offload import ConfigError
 

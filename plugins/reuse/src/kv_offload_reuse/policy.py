@@ -283,7 +283,9 @@ class ReuseCachePolicy(CachePolicy):
         self._hits += len(key_list)
         if self._mode == RECENCY:  # T1 is the one LRU list; T2 only drains
             for key in reversed(key_list):
-                block = t1.pop(key, None) or t2.pop(key, None)
+                block = t1.pop(key, None)
+                if block is None:  # not ``or``: a BlockStatus is an int, and slot 0 is falsy
+                    block = t2.pop(key, None)
                 if block is not None:
                     t1[key] = block
             return
@@ -376,9 +378,7 @@ class ReuseCachePolicy(CachePolicy):
                         return True
             return False
 
-        if not (
-            take(self._stale) or take(shadow.order) or take(self._t1) or take(self._t2)
-        ):
+        if not (take(self._stale) or take(shadow.order) or take(self._t1) or take(self._t2)):
             return None
         t1 = self._t1
         from_t1 = [(key, block) for key, block in picked.items() if key in t1]
