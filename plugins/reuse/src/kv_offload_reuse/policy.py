@@ -258,9 +258,7 @@ class ReuseCachePolicy(CachePolicy):
         self._blocks += len(keys)
         stale = self._stale
         if stale:
-            pop = stale.pop
-            for key in keys:
-                pop(key, None)
+            _consume(map(stale.pop, keys, repeat(None)))
         if evicted:
             resident = self._resident
             stale.update(dict.fromkeys(compress(evicted, map(resident.__contains__, evicted))))

@@ -25,12 +25,16 @@ The stated bound and why it holds are in this distribution's README ("The safety
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from itertools import islice
+from collections import OrderedDict, deque
+from itertools import compress, islice
+from operator import not_
 
 from kv_offload import OffloadKey
 
 __all__ = ["MARGIN", "RESUME", "LRUShadow"]
+
+_SINK: deque[object] = deque(maxlen=0)
+_consume = _SINK.extend  # drains a map run for its side effects, at C speed
 
 #: The policy's hits may trail the LRU shadow's by at most this share of the blocks requested.
 MARGIN = 0.005
@@ -52,26 +56,21 @@ class LRUShadow:
     def request(self, keys: list[OffloadKey]) -> tuple[int, list[OffloadKey]]:
         """Replay one request; returns its hits and the keys it evicted."""
         order = self.order
-        hits = 0
-        for key in keys:
-            if key not in order:
-                break
-            hits += 1
-        move = order.move_to_end
-        for key in reversed(keys[:hits]):
-            move(key)
-        rest = keys[hits:]
-        new = [key for key in rest if key not in order]
+        present = list(map(order.__contains__, keys))
+        hits = present.index(False) if False in present else len(keys)
+        _consume(map(order.move_to_end, reversed(keys[:hits])))
+        new = list(compress(keys, map(not_, present)))  # all after the first miss
         if not new:
             return hits, []
         need = len(order) + len(new) - self.capacity
         evicted: list[OffloadKey] = []
         if need > 0:
-            protected = set(keys)
-            evicted = list(islice((key for key in order if key not in protected), need))
+            evicted = list(islice(order, need))
+            if not set(keys).isdisjoint(evicted):  # the request's own keys stay
+                protected = set(keys)
+                evicted = list(islice((key for key in order if key not in protected), need))
             if len(evicted) < need:  # the manager rejects such a store: nothing is stored
                 return hits, []
-            for key in evicted:
-                del order[key]
+            _consume(map(order.__delitem__, evicted))
         order.update(dict.fromkeys(new))
         return hits, evicted
