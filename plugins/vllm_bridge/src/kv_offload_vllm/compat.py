@@ -185,6 +185,7 @@ RELEASES: dict[str, Release] = {
         reports_request_access=False,
     ),
     "0.33": Release("0.33", install="pip install vllm==0.33.0"),
+    "0.34": Release("0.34", install="pip install vllm==0.34.0", deferred_release=True),
 }
 #: The vLLM release series the adapters implement, e.g. ``("0.32", "0.33", "0.34")``.
 SUPPORTED_VLLM: tuple[str, ...] = tuple(RELEASES)

@@ -13,7 +13,13 @@ naming the tier and what it accepts). Then:
 * a ``TransferJob`` becomes a :class:`~kv_offload.tiering.JobMetadata` (same id, keys, slots as
   ``int64``, ``is_promotion`` -> ``LOAD``); results come back from ``get_finished_jobs`` with
   the bytes moved and the time since submission. A result for a job the tier does not own, or
-  reports twice, is dropped with a warning (vLLM would assert);
+  reports twice, is dropped with a warning (vLLM would assert). A result that failed some of
+  its keys (``failed_keys``) is a failed job to vLLM; a load's other keys are its
+  ``successful_keys`` (the failed keys' rows were not written: vLLM must not serve them);
+* a ``submit_*`` that raises fails the job at once (every job must report, or its CPU chunks
+  stay pinned). A raising ``submit_load`` may have started writing rows already: where vLLM
+  can hold a failed load's chunks (0.34's ``deferred_release``), they are held until the tier
+  reports that job after all, ``drain_timeout`` seconds pass (logged) or the tier shuts down;
 * ``drain_jobs`` polls the tier until every submitted job has reported (or ``drain_timeout``
   seconds pass, then a :class:`~kv_offload.ManagerError` naming the tier); results met while
   draining are handed out by the next ``get_finished_jobs``;
@@ -31,6 +37,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Collection, Iterable
@@ -62,6 +69,9 @@ _HOOK_MARKER = "kv_offload_impl"
 class _Job:
     meta: JobMetadata
     submit_time: float
+    #: Set for a load already reported failed to vLLM while the tier may still be writing
+    #: its rows (its ``submit_load`` raised): vLLM holds the rows until this event is set.
+    release: threading.Event | None = None
 
 
 def _has_hookimpl(obj: object) -> bool:
@@ -194,9 +204,16 @@ def tier_adapter(name: str) -> type[Any]:
                     job.job_id,
                     len(keys),
                 )
-                del self._jobs[job.job_id]
+                release = None
+                if direction is JobDirection.LOAD and api.release.deferred_release:
+                    # The tier may have started writing the rows: vLLM holds them until the
+                    # tier reports the job (or _expire_releases gives up on it).
+                    release = threading.Event()
+                    self._jobs[job.job_id].release = release
+                else:
+                    del self._jobs[job.job_id]
                 self._drained.append(
-                    self._result(meta, job.submit_time, False, "submit raised (see the log)")
+                    self._result(meta, job.submit_time, [], "submit raised (see the log)", release)
                 )
 
         def _collect(self) -> list[Any]:
@@ -211,57 +228,103 @@ def tier_adapter(name: str) -> type[Any]:
                         result.job_id,
                     )
                     continue
+                if job.release is not None:  # reported failed already; now the tier is done
+                    job.release.set()
+                    continue
+                keys = job.meta.keys
+                if not result.success:
+                    succeeded = []
+                else:
+                    failed = getattr(result, "failed_keys", None) or ()
+                    succeeded = [key for key in keys if key not in failed] if failed else keys
                 results.append(
                     self._result(
-                        job.meta,
-                        job.submit_time,
-                        bool(result.success),
-                        getattr(result, "reason", None),
+                        job.meta, job.submit_time, succeeded, getattr(result, "reason", None)
                     )
                 )
+            self._expire_releases()
             return results
 
+        def _expire_releases(self) -> None:
+            """Bound the hold on a raising load's rows: ``drain_timeout`` seconds after its
+            submission the tier is taken to be done with them (vLLM needs every hold to end,
+            and before ``drain_jobs`` returns)."""
+            now = time.monotonic()
+            for job_id, job in list(self._jobs.items()):
+                if job.release is not None and now - job.submit_time >= self.drain_timeout:
+                    logger.warning(
+                        "tier %r raised from submit_load for job %d and has not reported it "
+                        "within drain_timeout=%ss; vLLM may reuse its %d CPU chunks now",
+                        bridged_name,
+                        job_id,
+                        self.drain_timeout,
+                        len(job.meta.keys),
+                    )
+                    del self._jobs[job_id]
+                    job.release.set()
+
         def _result(
-            self, meta: JobMetadata, submit_time: float, success: bool, reason: str | None
+            self,
+            meta: JobMetadata,
+            submit_time: float,
+            succeeded: list[OffloadKey],
+            reason: str | None,
+            release: threading.Event | None = None,
         ) -> Any:
-            nbytes = len(meta.keys) * self._block_size if success else 0
+            """vLLM's result of a job whose keys ``succeeded`` (all of them: a success)."""
+            success = len(succeeded) == len(meta.keys)
+            nbytes = len(succeeded) * self._block_size
             seconds = time.monotonic() - submit_time
-            self._fire_job_hooks(meta, success, nbytes, seconds, reason)
-            return api.JobResult(
+            self._fire_job_hooks(meta, succeeded, nbytes, seconds, reason)
+            partial_load = not success and succeeded and meta.direction is JobDirection.LOAD
+            return api.release.job_result(
+                api.JobResult,
                 job_id=meta.job_id,
                 success=success,
+                successful_keys=list(succeeded) if partial_load else None,
                 transfer_time=seconds,
-                transfer_bytes=nbytes if success else None,
+                transfer_bytes=nbytes or None,
+                release=release,
             )
 
         def _fire_job_hooks(
             self,
             meta: JobMetadata,
-            success: bool,
+            succeeded: list[OffloadKey],
             nbytes: int,
             seconds: float,
             reason: str | None,
         ) -> None:
-            common = dict(manager=self, keys=list(meta.keys), req_context=meta.req_context)
+            keys = list(meta.keys)
+            success = len(succeeded) == len(keys)
             fire_hook(
                 "kv_offload_tier_job_finished",
                 bridged_name,
+                manager=self,
+                keys=keys,
+                req_context=meta.req_context,
                 tier=self.tier_type,
                 direction=meta.direction.value,
                 success=success,
                 nbytes=nbytes,
                 seconds=seconds,
                 reason=reason,
-                **common,
             )
-            if meta.direction is JobDirection.LOAD:
-                if success:
+            failed = keys if not succeeded else [key for key in keys if key not in succeeded]
+            loaded = meta.direction is JobDirection.LOAD
+            for hook, hook_keys in (
+                ("kv_offload_blocks_loaded" if loaded else "kv_offload_blocks_stored", succeeded),
+                (None if loaded else "kv_offload_store_failed", failed),
+            ):
+                if hook is not None and hook_keys:
                     fire_hook(
-                        "kv_offload_blocks_loaded", bridged_name, medium=self.tier_type, **common
+                        hook,
+                        bridged_name,
+                        manager=self,
+                        keys=list(hook_keys),
+                        req_context=meta.req_context,
+                        medium=self.tier_type,
                     )
-            else:
-                hook = "kv_offload_blocks_stored" if success else "kv_offload_store_failed"
-                fire_hook(hook, bridged_name, medium=self.tier_type, **common)
 
         def get_finished_jobs(self) -> Iterable[Any]:
             drained, self._drained = self._drained, []
@@ -275,6 +338,9 @@ def tier_adapter(name: str) -> type[Any]:
                 if not self._jobs:
                     return
                 if time.monotonic() >= deadline:
+                    self._expire_releases()  # a raising load's hold ends by now
+                    if not self._jobs:
+                        return
                     raise ManagerError(
                         f"tier {bridged_name!r}: {len(self._jobs)} job(s) did not finish within "
                         f"drain_timeout={self.drain_timeout}s; a tier must report every job it "
@@ -324,6 +390,9 @@ def tier_adapter(name: str) -> type[Any]:
                 try:
                     tier.shutdown()
                 finally:
+                    for job in self._jobs.values():  # the tier has stopped writing anything
+                        if job.release is not None:
+                            job.release.set()
                     if self._registered:
                         self._plugin_manager.unregister(tier)
                         self._registered = False
