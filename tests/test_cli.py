@@ -531,3 +531,16 @@ def test_missing_files_and_bad_arguments(tmp_path: Path) -> None:
     assert_one_line_error(policy, "unknown policy 'lur'", "did you mean 'lru'")
     assert_one_line_error(plot, "cannot write plot")
     assert limit.returncode == 2 and "--limit: must be > 0" in limit.stderr
+
+
+def test_router_help_says_how_many_blocks_hash_uses() -> None:
+    """Issue 37: the help said the first block; the hash router's default is two."""
+    import inspect
+
+    from kv_offload.fleet.routers import PrefixHash
+
+    blocks = inspect.signature(PrefixHash).parameters["prefix_blocks"].default
+    assert blocks == 2
+    proc = kvo("replay", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "hash (of the first two blocks" in " ".join(proc.stdout.split())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from kv_offload.replay_records import ReplayProbe, TierJob, TimedRequest, regist
 from kv_offload.replay_report import busy_seconds, latency_summary
 from kv_offload.trace import TraceError, arrival_seconds, read_trace
 from kv_offload.types import ReqContext
-from test_cli import TRACE, kvo, kvo_many
+from test_cli import SCRIPT, TRACE, _env, assert_one_line_error, kvo, kvo_many
 
 BLOCK = 256
 
@@ -250,3 +252,69 @@ def test_a_replay_loop_slower_than_the_trace_says_so(tmp_path: Path) -> None:
     assert "NOTE: the replay loop itself fell behind the trace" in text.stdout
     report = json.loads(as_json.stdout)
     assert report["engine_keeps_up"] is False and report["admission_lag_s"]["p99"] > 0.1
+
+
+# -- issue 37, 3: a trace whose timed replay would take hours is refused before it starts -----
+
+
+def _kvo_within(seconds: float, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``kv-offload ARGS``, killed (and the test failed) if it runs over ``seconds``."""
+    assert SCRIPT is not None
+    argv = [SCRIPT, *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=seconds)
+
+
+@pytest.mark.parametrize("gap_ms", ["3600000000", "1e15", "1e300"])
+def test_a_huge_timestamp_gap_is_refused_at_once_with_the_fixes(
+    tmp_path: Path, gap_ms: str
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("num_blocks = 8\n")
+    path = _trace(
+        tmp_path,
+        '{"timestamp": 0, "input_length": 1024, "hash_ids": [1, 2]}',
+        '{"timestamp": 5, "input_length": 1024, "hash_ids": [1, 2]}',
+        f'{{"timestamp": {gap_ms}, "input_length": 1024, "hash_ids": [1, 2]}}',
+    )
+    started = time.monotonic()
+    proc = _kvo_within(60, "replay", config, path, "--speed", "30")
+    assert time.monotonic() - started < 60
+    line = assert_one_line_error(
+        proc, "would take", "over the 6.0 h allowed", "between lines 2 and 3 of", "--speed max"
+    )
+    assert "give --speed" in line and "--max-duration" in line
+    if gap_ms == "3600000000":  # 1,000 h of trace at 30x: 33.3 h; 170x fits in 6 h
+        assert "would take 33.3 h" in line and "--speed 170 or more" in line
+
+
+def test_a_timed_replay_says_how_long_it_takes_and_max_duration_bounds_it(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("num_blocks = 8\n")
+    path = _trace(
+        tmp_path,
+        '{"timestamp": 0, "input_length": 1024, "hash_ids": [1, 2]}',
+        '{"timestamp": 2000, "input_length": 1024, "hash_ids": [1, 2]}',
+    )
+    ran, refused, untimed = kvo_many(
+        ["replay", config, path, "--speed", "10", "--json"],
+        ["replay", config, path, "--speed", "10", "--max-duration", "0.1"],
+        ["replay", config, path, "--max-duration", "10"],
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "timed replay: 2 s of trace at 10x real time: about 0.2 s" in ran.stderr
+    assert json.loads(ran.stdout)["requests"] == 2
+    assert_one_line_error(refused, "would take 0.2 s", "over the 0.1 s allowed", "--speed 20")
+    assert_one_line_error(untimed, "--max-duration applies to a timed replay: add --speed")
+
+
+@pytest.mark.timeout(30)  # before the fix it slept for the 33 hours
+def test_replay_timed_refuses_a_plan_over_max_wall_s_before_it_starts() -> None:
+    manager = _stack()
+    requests = _requests((0.0, [1, 2]), (3.6e6, [1, 2]))
+    with pytest.raises(ConfigError, match=r"would take 33.3 h .*after request 0\)"):
+        replay_timed(manager, requests, speed=30, load_wait=BestEffort(), block_tokens=512)
+    assert manager.cpu_stats().resident_blocks == 0  # nothing ran
+    result = _run(manager, requests[:1], BestEffort(), max_wall_s=1.0)
+    assert result.requests == 1

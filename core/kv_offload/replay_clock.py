@@ -19,7 +19,10 @@ the clock, scaled by ``speed``:
 * then, as in the untimed replay: load and verify the hits, store the rest, finish.
 
 Tier jobs run on the tiers' own threads meanwhile. Every wait is bounded: a request's wait by
-its budget and the manager's promotion deadline, the loop by :data:`MAX_REQUEST_WAIT_S`.
+its budget and the manager's promotion deadline, the loop by :data:`MAX_REQUEST_WAIT_S`, and
+the whole replay by ``max_wall_s`` (:data:`MAX_WALL_S`): a replay planned longer (a trace with
+a gap of hours, or timestamps in the wrong unit) is refused before it starts rather than left
+to sleep silently (:class:`ClockPlan`).
 
 What the replay records, and where each hit came from: :mod:`kv_offload.replay_records`;
 where requests come from: :mod:`kv_offload.arrivals`.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,9 +47,12 @@ from .types import LookupResult
 
 __all__ = [
     "DEFAULT_STEP_S",
+    "MAX_WALL_S",
+    "ClockPlan",
     "Engine",
     "MAX_REQUEST_WAIT_S",
     "check_clock",
+    "duration",
     "replay_timed",
     "run_engine",
 ]
@@ -55,6 +62,9 @@ DEFAULT_STEP_S = 0.01
 #: A safety net only: a request still waiting this long (wall seconds) stops waiting.
 #: The manager resolves every ``PENDING`` answer within its ``promotion_timeout_s``.
 MAX_REQUEST_WAIT_S = 120.0
+#: The longest wall time a timed replay may plan to take unless its caller allows more: past
+#: it the trace more likely has a gap of hours, or timestamps in another unit than ms.
+MAX_WALL_S = 6 * 3600.0
 
 _HIT = LookupResult.HIT
 _PENDING = LookupResult.PENDING
@@ -221,6 +231,74 @@ def run_engine(
     return result
 
 
+def duration(seconds: float) -> str:
+    """``12 s``, ``2.0 min``, ``33.3 h``, ``1.2e+13 days``: a span a user can picture."""
+    if not seconds < math.inf:
+        return "forever"
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    days = seconds / 86400
+    return f"{days:,.0f} days" if days < 1e6 else f"{days:.2g} days"
+
+
+@dataclass(frozen=True)
+class ClockPlan:
+    """How long a timed replay of a trace takes, known before it starts: the trace's span and
+    its longest gap between two requests (trace seconds; ``gap_after``: the index of the
+    request before it), and the wall time at ``speed``."""
+
+    trace_seconds: float
+    longest_gap_s: float
+    gap_after: int
+    speed: float
+
+    @classmethod
+    def of(cls, arrivals: Sequence[float], speed: float) -> ClockPlan:
+        """The plan of requests arriving at ``arrivals`` (sorted trace seconds)."""
+        gap, after = 0.0, 0
+        for index in range(1, len(arrivals)):
+            step = arrivals[index] - arrivals[index - 1]
+            if step > gap:
+                gap, after = step, index - 1
+        span = arrivals[-1] - arrivals[0] if arrivals else 0.0
+        return cls(span, gap, after, float(speed))
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.trace_seconds / self.speed
+
+    def pace(self) -> str:
+        """``59.0 min of trace at 30x real time``."""
+        return f"{duration(self.trace_seconds)} of trace at {self.speed:g}x real time"
+
+    def describe(self) -> str:
+        """``59.0 min of trace at 30x real time: about 2.0 min``."""
+        return f"{self.pace()}: about {duration(self.wall_seconds)}"
+
+    def speed_for(self, max_wall_s: float) -> float:
+        """The smallest round speed (two significant digits) that fits ``max_wall_s``."""
+        needed = self.trace_seconds / max_wall_s
+        shown = float(f"{needed:.2g}")
+        return shown if shown >= needed else float(f"{needed * 1.05:.2g}")
+
+    def refusal(self, max_wall_s: float, gap: str, fixes: str) -> ConfigError | None:
+        """The error refusing this plan when it takes longer than ``max_wall_s``, else None.
+        ``gap`` names where the longest gap is, ``fixes`` what the user can do (the CLI and
+        the API name their own options)."""
+        if self.wall_seconds <= max_wall_s:
+            return None
+        return ConfigError(
+            f"a timed replay of this trace would take {duration(self.wall_seconds)} "
+            f"({self.pace()}), over the {duration(max_wall_s)} allowed; its longest gap is "
+            f"{duration(self.longest_gap_s)} of trace ({gap}): "
+            f"{fixes}"
+        )
+
+
 def check_clock(speed: float, step_s: float) -> None:
     """Refuse a speed or step that is not a positive finite number."""
     if isinstance(speed, bool) or not (isinstance(speed, (int, float)) and 0 < speed < math.inf):
@@ -242,11 +320,26 @@ def replay_timed(
     progress: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    max_wall_s: float = MAX_WALL_S,
 ) -> TimedReplayResult:
     """Replay ``requests`` (sorted by ``arrival_s``) at ``speed`` times the trace's pace; see
     the module docstring. ``probe`` must be registered on the manager's plugin manager for
-    the run (its hooks attribute hits to tiers); without one every hit counts as the CPU's."""
+    the run (its hooks attribute hits to tiers); without one every hit counts as the CPU's.
+    A replay that would take longer than ``max_wall_s`` is refused before it starts."""
     check_clock(speed, step_s)
+    if isinstance(max_wall_s, bool) or not (
+        isinstance(max_wall_s, (int, float)) and max_wall_s > 0
+    ):
+        raise ConfigError(f"max_wall_s must be a positive number, got {max_wall_s!r}")
+    plan = ClockPlan.of([r.arrival_s for r in requests], speed)
+    refused = plan.refusal(
+        max_wall_s,
+        f"after request {plan.gap_after}",
+        f"raise speed to {plan.speed_for(max_wall_s):g} or more, replay it untimed "
+        "(kv_offload.replay.replay), or allow it with a larger max_wall_s",
+    )
+    if refused is not None:
+        raise refused
     engine = Engine(manager, load_wait, block_tokens, data_plane, probe or ReplayProbe(), progress)
     engine.result.speed = float(speed)
     if requests:

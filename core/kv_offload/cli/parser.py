@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config.env import ALLOW_MODULE_PATH_ENV
 from ..geometry import MODEL_PRESETS
+from ..replay_clock import MAX_WALL_S
 from ..trace import MOONCAKE_BLOCK_TOKENS
 from .compare_cmd import cmd_compare
 from .default_stack import DEFAULT_NAME
@@ -247,8 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     clock.add_argument(
         "--router",
         metavar="NAME",
-        help="which engine takes each request: round-robin (default), hash (of the first "
-        "block: session affinity), least-loaded, or an installed kv_offload.routers plugin",
+        help="which engine takes each request: round-robin (default), hash (of the first two "
+        "blocks: session affinity), least-loaded, or an installed kv_offload.routers plugin",
+    )
+    clock.add_argument(
+        "--max-duration",
+        type=_positive_float,
+        default=MAX_WALL_S,
+        metavar="SECONDS",
+        help="refuse a timed replay planned to take longer than this wall time (default "
+        f"{MAX_WALL_S:.0f}: {MAX_WALL_S / 3600:g} h); the plan is said on stderr before it starts",
     )
     clock.add_argument(
         "--step-ms",

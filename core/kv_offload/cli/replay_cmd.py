@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 from importlib import metadata
@@ -15,6 +16,7 @@ from ..fleet import EngineSettings, build_router, finish_timeout, plan_fleet, ru
 from ..geometry import Geometry, apply_geometry, describe_scaling, parse_size
 from ..load_wait import build_load_wait, checked_describe
 from ..plugins import HOOK_ENTRY_POINT_GROUP
+from ..replay_clock import MAX_WALL_S, ClockPlan
 from .default_stack import stack_for
 from .output import print_fleet_report, print_replay_report
 from .running import Clock, Trace, progress_bar, run
@@ -60,9 +62,37 @@ def _clock(args: argparse.Namespace) -> Clock | None:
                 "--load-wait and --load-wait-option apply to a timed replay: add --speed X "
                 "(e.g. --speed 30)"
             )
+        if args.max_duration != MAX_WALL_S:
+            raise ConfigError("--max-duration applies to a timed replay: add --speed X")
         return None
     policy = build_load_wait(args.load_wait, dict(args.load_wait_option))
-    return Clock(args.speed, policy, args.step_ms / 1000.0)
+    return Clock(args.speed, policy, args.step_ms / 1000.0, args.max_duration)
+
+
+def _announce_clock(args: argparse.Namespace, trace: Trace) -> None:
+    """Say on stderr how long a timed replay will take, before it starts; refuse one longer
+    than ``--max-duration`` (a gap of hours in the trace would otherwise sleep silently)."""
+    if trace.timed is None:
+        return
+    plan = ClockPlan.of([r.arrival_s for r in trace.timed], args.speed)
+    limit = args.max_duration
+    after = plan.gap_after
+    lines = trace.lines
+    wall = plan.wall_seconds
+    allow = f"--max-duration {math.ceil(wall)}" if wall < 1e9 else "a larger --max-duration"
+    gap = (
+        f"between lines {lines[after]} and {lines[after + 1]} of {args.trace}; timestamps "
+        "are milliseconds"
+    )
+    refused = plan.refusal(
+        limit,
+        gap if after + 1 < len(lines) else "no gap",
+        f"give --speed {plan.speed_for(limit):g} or more, replay it untimed with --speed max, "
+        f"or allow it with {allow}",
+    )
+    if refused is not None:
+        raise refused
+    print(f"timed replay: {plan.describe()}", file=sys.stderr)
 
 
 def _check_fleet_options(args: argparse.Namespace) -> None:
@@ -147,6 +177,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 stack = replace(stack, drain_timeout_s=args.drain_timeout)
             stack, geometry = _geometry(args, stack, args.engines)
             trace = Trace(args)
+            _announce_clock(args, trace)
             report = _run_fleet(args, stack, trace)
             report["geometry"] = geometry.as_dict()
         report.update(trace.describe())
@@ -169,6 +200,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             stack = replace(stack, drain_timeout_s=args.drain_timeout)
         stack, geometry = _geometry(args, stack, 1)
         trace = Trace(args)
+        _announce_clock(args, trace)
         report = run(stack, trace.requests, args.progress, "replay", clock=clock, trace=trace)
         report["geometry"] = geometry.as_dict()
     report.update(trace.describe())

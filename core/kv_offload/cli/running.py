@@ -15,7 +15,7 @@ from ..config import StackConfig
 from ..errors import KVOffloadError
 from ..load_wait import LoadWaitPolicy, checked_describe
 from ..replay import ReplayResult, drain_for_report, replay
-from ..replay_clock import replay_timed
+from ..replay_clock import MAX_WALL_S, replay_timed
 from ..replay_records import ReplayProbe, TimedReplayResult, TimedRequest, register_probe
 from ..replay_report import latency_summary, tier_throughput
 from ..trace import arrival_seconds, read_trace
@@ -37,6 +37,8 @@ class Trace:
         #: Tokens per block, for load-wait budgets (the trace's, partial blocks or not).
         self.tokens_per_block: int = args.block_tokens
         self.timed: list[TimedRequest] | None = None
+        #: The trace's line of each request (a timed replay's errors name them).
+        self.lines = [r.line for r in records]
         if getattr(args, "speed", None) is not None:  # a timed replay: arrival times needed
             arrivals = arrival_seconds(records, args.trace)
             self.timed = [
@@ -77,6 +79,8 @@ class Clock:
     speed: float
     load_wait: LoadWaitPolicy
     step_s: float
+    #: The longest the replay may take (wall seconds, ``--max-duration``).
+    max_wall_s: float = MAX_WALL_S
 
 
 def _report(stack: StackConfig, manager: OffloadingManager, result: ReplayResult) -> dict[str, Any]:
@@ -168,6 +172,7 @@ def run(
                     data_plane=manager.kv_buffer is not None,
                     probe=probe,
                     progress=bar.update,
+                    max_wall_s=clock.max_wall_s,
                 )
                 result = _as_replay_result(timed)
             else:
