@@ -184,3 +184,39 @@ def test_buffer_slot_ids_must_be_integers(slots: Any) -> None:
         buffer.write_blocks(slots, np.zeros(16, np.uint8))
     assert (buffer.read_blocks([1]) == 9).all(), "a refused write changes nothing"
     assert buffer.read_blocks(np.array([], np.int64)).shape == (0, 16)
+
+
+# -- issue 37: a replay's rejected stores are explained in the text report ---------------------
+
+
+def test_the_text_report_says_why_cpu_stores_were_refused(tmp_path: Path) -> None:
+    """64 CPU blocks: untimed, the fs tier's cascades pin the blocks eviction needs, and some
+    requests ask for more than 64 blocks; the JSON has the split, the text says both."""
+    cpu = tmp_path / "cpu.toml"
+    cpu.write_text("num_blocks = 64\nblock_size_bytes = 4096\n")
+    fs = tmp_path / "fs.toml"
+    fs.write_text(
+        f'num_blocks = 64\nblock_size_bytes = 4096\n[[tiers]]\ntype = "fs"\n'
+        f'root_dir = "{tmp_path / "root"}"\ncapacity_blocks = 4096\n'
+    )
+    trace = Path(__file__).resolve().parents[1] / "data" / "conversation_trace.jsonl"
+    alone, tiered, as_json = kvo_many(
+        ["replay", cpu, trace, "--limit", "100"],
+        ["replay", fs, trace, "--limit", "100"],
+        ["replay", cpu, trace, "--limit", "100", "--json"],
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    report = json.loads(as_json.stdout)
+    too_large = report["rejected_stores_too_large"]
+    assert report["rejected_stores"] == too_large > 0  # no tier: only the oversized ones
+    assert alone.returncode == 0, alone.stderr
+    assert (
+        f"rejected stores  {too_large} CPU stores refused: {too_large} larger than the CPU "
+        "tier's 64 blocks"
+    ) in alone.stdout
+    assert tiered.returncode == 0, tiered.stderr
+    (line,) = [x for x in tiered.stdout.splitlines() if x.startswith("rejected stores")]
+    total = int(line.split()[2])
+    pinned = int(line.split(": ")[1].split()[0])
+    assert 0 < pinned < total
+    assert "because tier jobs in flight (cascades, promotions) pinned the CPU tier's blocks" in line

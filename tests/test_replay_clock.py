@@ -21,7 +21,8 @@ from kv_offload.keys import make_offload_key
 from kv_offload.load_wait import BestEffort, Timeout, WaitComplete, build_load_wait
 from kv_offload.replay_clock import replay_timed
 from kv_offload.replay_records import ReplayProbe, TierJob, TimedRequest, register_probe
-from kv_offload.replay_report import busy_seconds, latency_summary
+from kv_offload.replay_report import busy_seconds, latency_summary, tier_throughput
+from kv_offload.tiering.stats import TierStats
 from kv_offload.trace import TraceError, arrival_seconds, read_trace
 from kv_offload.types import ReqContext
 from test_cli import SCRIPT, TRACE, _env, assert_one_line_error, kvo, kvo_many
@@ -252,6 +253,11 @@ def test_a_replay_loop_slower_than_the_trace_says_so(tmp_path: Path) -> None:
     assert "NOTE: the replay loop itself fell behind the trace" in text.stdout
     report = json.loads(as_json.stdout)
     assert report["engine_keeps_up"] is False and report["admission_lag_s"]["p99"] > 0.1
+    # Issue 37, 9: the tier looked idle, and its verdict said it kept up; it cannot be given.
+    tier = report["tiers"]["example"]
+    assert tier["keeps_up"] is None
+    assert tier["verdict"].startswith("example: no verdict at 1e+06x real time: the replay loop")
+    assert "verdict        example: no verdict" in text.stdout and "keeps up" not in text.stdout
 
 
 # -- issue 37, 3: a trace whose timed replay would take hours is refused before it starts -----
@@ -318,3 +324,63 @@ def test_replay_timed_refuses_a_plan_over_max_wall_s_before_it_starts() -> None:
     assert manager.cpu_stats().resident_blocks == 0  # nothing ran
     result = _run(manager, requests[:1], BestEffort(), max_wall_s=1.0)
     assert result.requests == 1
+
+
+# -- issue 37, 9 and 10: no verdict contradicts keeps_up_to_x; a trace of one instant has none
+
+
+def _row(busy_jobs: list[tuple[float, float]], *, trace_s: float, span_s: float, **kw: Any) -> Any:
+    """A tier's report row: 1 MiB moved per job (start, end) in one direction, no drops."""
+    jobs = [TierJob("fs", "store", 1 << 20, end - start, end, True) for start, end in busy_jobs]
+    stats = TierStats("fs", cascaded_blocks=len(jobs), bytes_written=len(jobs) << 20)
+    return tier_throughput("fs", jobs, stats, 1 << 20, trace_s, 30.0, span_s, **kw)
+
+
+def test_a_verdict_never_contradicts_keeps_up_to_x() -> None:
+    # 10 MiB in 1 s busy of a 10 s run (idle 90%), for a 1 s trace: 10 MiB/s at 1x, so the
+    # tier keeps up to 1x, not at 30x (its jobs ran long past the trace's 33 ms at 30x).
+    slow = _row([(i, i + 0.1) for i in range(10)], trace_s=1.0, span_s=10.0)
+    assert slow["keeps_up_to_x"] == pytest.approx(1.0)
+    assert slow["keeps_up"] is False and slow["verdict"].startswith("fs falls behind at 30x")
+    assert "keeps up to about 1.0x" in slow["verdict"]
+    # The same work in 1/100 of the time: keeps up, to at least its multiple.
+    fast = _row([(i / 1000, i / 1000 + 0.001) for i in range(10)], trace_s=1.0, span_s=0.1)
+    assert fast["keeps_up_to_x"] == pytest.approx(100.0) and fast["keeps_up"] is True
+    assert (
+        fast["verdict"].startswith("fs keeps up at 30x")
+        and "at least about 100x" in fast["verdict"]
+    )
+    # Busy all the time yet fast enough on average: at its limit, never "falls behind".
+    full = _row([(i / 1000, i / 1000 + 0.001) for i in range(10)], trace_s=1.0, span_s=0.0105)
+    assert full["keeps_up_to_x"] > 30 and full["keeps_up"] is False
+    assert (
+        full["verdict"].startswith("fs is at its limit at 30x") and "falls" not in full["verdict"]
+    )
+    # The replay loop fell behind: the figure measures the loop, so there is no verdict.
+    loop = _row([(i, i + 0.1) for i in range(10)], trace_s=1.0, span_s=10.0, loop_kept_up=False)
+    assert loop["keeps_up"] is None and "no verdict at 30x" in loop["verdict"]
+    assert "the replay loop itself fell behind" in loop["verdict"]
+
+
+def test_a_trace_of_one_instant_has_no_demand_rate(tmp_path: Path) -> None:
+    """Every timestamp 0: blocks are cascaded, but there is no rate to keep up with."""
+    lines = [json.loads(line) for line in TRACE.read_text().splitlines()[:60]]
+    path = _trace(tmp_path, *(json.dumps({**line, "timestamp": 0}) for line in lines))
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'num_blocks = 64\nblock_size_bytes = 4096\n[[tiers]]\ntype = "example"\n'
+        "capacity_blocks = 4096\n"
+    )
+    as_json, text = kvo_many(
+        ["replay", config, path, "--speed", "30", "--json"],
+        ["replay", config, path, "--speed", "30"],
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert report["trace_seconds"] == 0 and report["cascaded_blocks"] > 0
+    tier = report["tiers"]["example"]
+    assert tier["keeps_up"] is None and tier["demand_bytes_per_s_1x"] is None
+    assert "the trace spans 0 s" in tier["verdict"] and "no demand rate" in tier["verdict"]
+    assert "moved nothing" not in tier["verdict"]
+    assert text.returncode == 0, text.stderr
+    assert "verdict        example: no verdict: the trace spans 0 s" in text.stdout

@@ -76,6 +76,9 @@ class ReplayResult:
     verified_blocks: int
     corrupted_blocks: int
     seconds: float
+    #: Per rejected store, the blocks it asked for (the request's blocks after its hits):
+    #: more than the CPU tier holds can never fit; fewer were refused for pinned blocks.
+    rejected_store_sizes: tuple[int, ...] = ()
 
     @property
     def hit_ratio(self) -> float:
@@ -135,7 +138,8 @@ def replay(
     if data_plane and buffer is None:
         raise ConfigError("data_plane replay needs a manager with a KV buffer (block_size_bytes)")
     size = buffer.block_size_bytes if buffer is not None else 0
-    hit_total = promoted = blocks = stored = rejected = count = verified = corrupted = 0
+    hit_total = promoted = blocks = stored = count = verified = corrupted = 0
+    rejected: list[int] = []
     HIT = LookupResult.HIT
     PENDING = LookupResult.PENDING
     lookup = manager.lookup
@@ -165,7 +169,7 @@ def replay(
         if hits < len(keys):
             out = manager.prepare_store(keys[hits:], ctx)
             if out is None:
-                rejected += 1
+                rejected.append(len(keys) - hits)
             elif out.keys_to_store:
                 if buffer is not None:
                     buffer.write_blocks(
@@ -186,10 +190,11 @@ def replay(
         hit_total,
         promoted,
         stored,
-        rejected,
+        len(rejected),
         verified,
         corrupted,
         time.perf_counter() - start,
+        tuple(rejected),
     )
 
 

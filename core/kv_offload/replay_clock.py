@@ -169,6 +169,7 @@ class Engine:
             out = manager.prepare_store(keys[hits:], ctx)
             if out is None:
                 result.rejected_stores += 1
+                result.rejected_store_sizes.append(len(keys) - hits)
             elif out.keys_to_store:
                 stored = out.keys_to_store
                 if buffer is not None:

@@ -90,6 +90,8 @@ class TimedReplayResult:
     waited_requests: int = 0
     stored_blocks: int = 0
     rejected_stores: int = 0
+    #: Per rejected store, the blocks it asked for (see ``ReplayResult``).
+    rejected_store_sizes: list[int] = field(default_factory=list)
     verified_blocks: int = 0
     corrupted_blocks: int = 0
     steps: int = 0

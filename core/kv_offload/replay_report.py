@@ -10,11 +10,15 @@ its result. Collection happens at step ends, so a job looks up to one step longe
 the throughput is a lower bound, exact once the tier is saturated (then its jobs overlap and
 the union is the whole run).
 
-Hence the verdict: a tier keeps up when it dropped at most 1% of its cascades and was busy at
-most 90% of the run; then it keeps up at the chosen speed and *at least* to its throughput's
-multiple of the 1x demand. Otherwise it falls behind, and keeps up to about that multiple
-(exact once saturated). A replay loop that itself fell behind the trace (the report says so)
-measured the loop, not the tier: lower ``--speed``.
+Hence the verdict: a tier keeps up when it dropped at most 1% of its cascades, was busy at
+most 90% of the run and its throughput's multiple of the 1x demand (``keeps_up_to_x``) reaches
+the chosen speed; then it keeps up at that speed and *at least* to that multiple. When its
+throughput falls short of the speed it falls behind, and keeps up to about that multiple
+(exact once saturated); when only its drops or its busy time fail, it is at its limit (no
+headroom for the trace's bursts). No verdict contradicts ``keeps_up_to_x``. There is none
+(``keeps_up`` is ``None``) when the replay loop itself fell behind the trace (it measured the
+loop, not the tier, and asked the tier for less than the trace demands: lower ``--speed``),
+or when the trace spans no time (every request at one instant: no demand rate).
 """
 
 from __future__ import annotations
@@ -69,9 +73,11 @@ def tier_throughput(
     trace_seconds: float,
     speed: float,
     span_s: float,
+    loop_kept_up: bool = True,
 ) -> dict[str, Any]:
     """One tier's row of the report: demand at 1x and at ``speed``, throughput, verdict.
-    ``span_s`` is the wall time from the replay's start to its last collected job."""
+    ``span_s`` is the wall time from the replay's start to its last collected job;
+    ``loop_kept_up`` whether the replay loop kept the trace's pace (else: no verdict)."""
     mine = [job for job in jobs if job.tier == name]
     dropped = stats.dropped_blocks
     moved = stats.bytes_written + stats.bytes_read
@@ -83,7 +89,28 @@ def tier_throughput(
     keeps_up_to = achieved / demand_1x if achieved is not None and demand_1x else None
     utilization = min(1.0, busy / span_s) if span_s > 0 else 0.0
     offered = stats.cascaded_blocks + dropped
-    keeps_up = dropped <= DROP_TOLERANCE * offered and utilization <= SATURATED
+    fine = dropped <= DROP_TOLERANCE * offered and utilization <= SATURATED
+    keeps_up: bool | None = None
+    if trace_seconds <= 0:
+        verdict = (
+            f"{name}: no verdict: the trace spans 0 s (all its requests arrive at one "
+            f"instant), so there is no demand rate to keep up with; it moved {human(moved)}"
+        )
+    elif not loop_kept_up:
+        verdict = (
+            f"{name}: no verdict at {speed:g}x real time: the replay loop itself fell behind "
+            f"the trace, so {name} was asked for less than the trace demands and its figures "
+            "measure the loop; lower --speed"
+        )
+    elif keeps_up_to is None or achieved is None:
+        verdict = (
+            f"{name}: moved nothing, so no verdict (nothing was cascaded to or promoted from it)"
+        )
+    else:
+        keeps_up = fine and keeps_up_to >= speed
+        verdict = _verdict(
+            name, fine, dropped, offered, utilization, speed, keeps_up_to, block_bytes, achieved
+        )
     return {
         "demanded_bytes": demanded,
         "moved_bytes": moved,
@@ -96,9 +123,7 @@ def tier_throughput(
         "dropped_blocks": dropped,
         "keeps_up_to_x": keeps_up_to,
         "keeps_up": keeps_up,
-        "verdict": _verdict(
-            name, keeps_up, dropped, offered, utilization, speed, keeps_up_to, block_bytes, achieved
-        ),
+        "verdict": verdict,
     }
 
 
@@ -110,35 +135,37 @@ DROP_TOLERANCE = 0.01
 
 def _verdict(
     name: str,
-    keeps_up: bool,
+    fine: bool,
     dropped: int,
     offered: int,
     utilization: float,
     speed: float,
-    keeps_up_to: float | None,
+    keeps_up_to: float,
     block_bytes: int,
-    achieved: float | None,
+    achieved: float,
 ) -> str:
+    """The sentence for a tier measured at the trace's pace; ``fine``: few drops and some
+    idle time. Each branch agrees with ``keeps_up_to`` against ``speed``."""
     size = _size(block_bytes)
-    if keeps_up_to is None or achieved is None:
-        return f"{name}: moved nothing, so no verdict (nothing was cascaded to or promoted from it)"
     rate = f"{human(int(achieved))}/s"
-    if keeps_up:
-        bound = max(keeps_up_to, speed)
-        shed = f"{dropped} of {offered} cascaded blocks dropped" if dropped else "nothing dropped"
+    shed = f"{dropped} of {offered} cascaded blocks dropped" if dropped else "nothing dropped"
+    if keeps_up_to < speed:
+        return (
+            f"{name} falls behind at {speed:g}x real time (busy {utilization:.0%} of the time, "
+            f"{shed}); it moved {rate} while busy: it keeps up to about {keeps_up_to:.1f}x "
+            f"real time at {size} blocks"
+        )
+    if fine:
         return (
             f"{name} keeps up at {speed:g}x real time (busy {utilization:.0%} of the time, "
             f"{shed}); moving {rate} while busy, it keeps up to at least about "
-            f"{bound:.0f}x real time at {size} blocks"
+            f"{keeps_up_to:.0f}x real time at {size} blocks"
         )
-    why = (
-        f"{dropped} of {offered} cascaded blocks dropped"
-        if dropped
-        else f"busy {utilization:.0%} of the time, its jobs queue"
-    )
+    why = shed if dropped > DROP_TOLERANCE * offered else "its jobs queue"
     return (
-        f"{name} falls behind at {speed:g}x real time ({why}); it moved {rate} while busy: "
-        f"it keeps up to about {keeps_up_to:.1f}x real time at {size} blocks"
+        f"{name} is at its limit at {speed:g}x real time (busy {utilization:.0%} of the time, "
+        f"{why}): moving {rate} while busy, {keeps_up_to:.1f}x the 1x demand, it has no "
+        f"headroom for the trace's bursts at {size} blocks"
     )
 
 

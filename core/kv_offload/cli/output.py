@@ -33,6 +33,9 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
     for tier, ratio in report["hit_ratio_by_tier"].items():
         print(f"  from {tier:<10} {ratio:.4f}")
     print(f"evictions        {report['evictions']}")
+    _print_rejected(
+        report["rejected_stores"], report.get("rejected_stores_too_large"), report["num_blocks"]
+    )
     if report.get("timed"):
         _print_timed(report)
     else:
@@ -87,6 +90,27 @@ def print_replay_report(report: dict[str, Any], trace: object, note: str) -> Non
             "NOTE: untimed replay (--speed max): tier jobs had far less time than at the "
             "trace's pace; add --speed 30 for what the tiers serve at a real pace"
         )
+
+
+def _print_rejected(rejected: int, too_large: int | None, num_blocks: int) -> None:
+    """Stores the CPU tier refused whole (``rejected_stores``), and why: a loss of hit ratio
+    the other figures do not explain. A store of at most ``num_blocks`` blocks is refused only
+    when blocks that eviction needed were pinned: by tier jobs in flight (cascades being
+    written, promotions landing). ``too_large`` is ``None`` when the split is not known."""
+    if not rejected:
+        return
+    if too_large is None:
+        print(f"rejected stores  {rejected} CPU stores refused (too few idle blocks to evict)")
+        return
+    parts = []
+    if rejected - too_large:
+        parts.append(
+            f"{rejected - too_large} because tier jobs in flight (cascades, promotions) pinned "
+            "the CPU tier's blocks (raise num_blocks, or give the jobs time: --speed 30)"
+        )
+    if too_large:
+        parts.append(f"{too_large} larger than the CPU tier's {num_blocks} blocks")
+    print(f"rejected stores  {rejected} CPU stores refused: {'; '.join(parts)}")
 
 
 def _print_timed(report: dict[str, Any]) -> None:
@@ -145,6 +169,7 @@ def print_fleet_report(report: dict[str, Any], trace: object, note: str) -> None
         print(f"  from {tier:<10} {ratio:.4f}")
     print(f"shared tiers     {report['shared_tier_share']:.4f} of all blocks")
     print(f"late blocks      {report['late_blocks']}")
+    _print_rejected(report.get("rejected_stores", 0), None, report["num_blocks"])
     if report["verified_blocks"]:
         print(
             f"bytes verified   {report['verified_blocks']} blocks read back, "

@@ -130,6 +130,11 @@ def _report(stack: StackConfig, manager: OffloadingManager, result: ReplayResult
             for t in tiers
         },
         "rejected_stores": result.rejected_stores,
+        # Of those, the stores asking for more blocks than the CPU tier holds; the others were
+        # refused because tier jobs in flight pinned the blocks eviction needed.
+        "rejected_stores_too_large": sum(
+            size > stack.num_blocks for size in result.rejected_store_sizes
+        ),
         "bytes_moved": {
             "to_tiers": sum(t.bytes_written for t in tiers),
             "from_tiers": sum(t.bytes_read for t in tiers),
@@ -217,6 +222,7 @@ def _as_replay_result(timed: TimedReplayResult) -> ReplayResult:
         timed.verified_blocks,
         timed.corrupted_blocks,
         timed.seconds,
+        tuple(timed.rejected_store_sizes),
     )
 
 
@@ -237,6 +243,7 @@ def _timed_report(
     lags = timed.admission_lags
     last_done = max((job.done for job in probe.jobs), default=timed.started + timed.seconds)
     span = max(last_done, timed.started + timed.seconds) - timed.started
+    loop_kept_up = _loop_kept_up(lags, clock.step_s)
     return {
         "timed": True,
         "speed": timed.speed,
@@ -254,10 +261,17 @@ def _timed_report(
         "admission_lag_s": latency_summary(lags),
         # The engine loop itself kept the trace's pace: 99% of requests admitted within ten
         # steps of their arrival (a loop slower than the trace says nothing about tiers).
-        "engine_keeps_up": _loop_kept_up(lags, clock.step_s),
+        "engine_keeps_up": loop_kept_up,
         "tiers": {
             t.name: tier_throughput(
-                t.name, probe.jobs, t, block_bytes, timed.trace_seconds, timed.speed, span
+                t.name,
+                probe.jobs,
+                t,
+                block_bytes,
+                timed.trace_seconds,
+                timed.speed,
+                span,
+                loop_kept_up,
             )
             for t in tiers
         },
