@@ -130,3 +130,49 @@ def test_text_report_shows_the_block_size(tmp_path: Path) -> None:
     proc = kvo("replay", config, TRACE, "--limit", "10", "--model", "llama-3.2-1b")
     assert proc.returncode == 0, proc.stderr
     assert "block size       16,777,216 bytes (--model llama-3.2-1b" in proc.stdout
+
+
+# -- issue 37: a block too big for the machine is blamed on the block size; PiB is a size ---
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("1PiB", 1024**5), ("2PB", 2 * 1000**5), ("1e", 10**18)]
+)
+def test_peta_and_exa_sizes(text: str, size: int) -> None:
+    assert parse_size(text, "--cpu-bytes") == size
+
+
+def test_a_bad_size_lists_the_units() -> None:
+    with pytest.raises(ConfigError, match=r"units B, k/kB/KiB, .* T/TB/TiB, P/PB/PiB, E/EB/EiB"):
+        parse_size("1ZiB", "--cpu-bytes")
+
+
+@pytest.mark.parametrize(
+    ("options", "fix"),
+    [
+        ({"block_bytes": 10 * 1024**4}, "--block-bytes: one block of 11.0 TB does not fit"),
+        ({"model": "llama-3.1-70b"}, "give fewer --block-tokens, a smaller --model"),
+    ],
+)
+def test_one_block_larger_than_the_memory_is_blamed_on_the_block_size(
+    options: dict[str, object], fix: str
+) -> None:
+    stack = parse_config({"num_blocks": 10, "block_size_bytes": 4096})
+    with pytest.raises(ConfigError, match=fix) as caught:
+        apply_geometry(stack, block_tokens=512, available_memory=64 * MIB, **options)  # type: ignore[arg-type]
+    assert "num_blocks" not in str(caught.value) and caught.value.key is None
+
+
+def test_block_and_cpu_sizes_in_the_cli(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("num_blocks = 32\nblock_size_bytes = 4096\n")
+    huge, peta = kvo_many(
+        ["replay", config, TRACE, "--limit", "3", "--block-bytes", "10TiB"],
+        ["replay", config, TRACE, "--limit", "3", "--cpu-bytes", "1PiB", "--json"],
+    )
+    assert huge.returncode == 2 and "num_blocks" not in huge.stderr
+    assert "--block-bytes: one block of 11.0 TB does not fit in the" in huge.stderr
+    assert "give a smaller --block-bytes" in huge.stderr
+    assert peta.returncode == 0, peta.stderr
+    scaled = json.loads(peta.stdout)["geometry"]["scaled"]
+    assert scaled[0]["blocks_before"] == 1024**5 // 4096  # sized in bytes, then scaled to fit

@@ -34,6 +34,7 @@ __all__ = [
     "DISK_SHARE",
     "MEMORY_SHARE",
     "MODEL_PRESETS",
+    "SIZE_UNITS",
     "Geometry",
     "ModelPreset",
     "apply_geometry",
@@ -91,7 +92,15 @@ _UNITS = {
     "t": 1000**4,
     "tb": 1000**4,
     "tib": 1024**4,
+    "p": 1000**5,
+    "pb": 1000**5,
+    "pib": 1024**5,
+    "e": 1000**6,
+    "eb": 1000**6,
+    "eib": 1024**6,
 }
+#: The units :func:`parse_size` takes, as its error lists them (case does not matter).
+SIZE_UNITS = "B, k/kB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB, P/PB/PiB, E/EB/EiB"
 
 
 def parse_size(text: str, what: str) -> int:
@@ -100,8 +109,8 @@ def parse_size(text: str, what: str) -> int:
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS:
         raise ConfigError(
-            f"{what}: {text!r} is not a size (a number of bytes, or with a unit: 256KiB, 2MiB, "
-            f"1.5GB)"
+            f"{what}: {text!r} is not a size: a number of bytes, or with one of the units "
+            f"{SIZE_UNITS} (256KiB, 2MiB, 1.5GB)"
         )
     value = float(match.group(1)) * _UNITS[unit]
     if value < 1 or not value.is_integer():
@@ -198,6 +207,8 @@ def apply_geometry(
     in_memory = [i for i, t in enumerate(tiers) if _holds_process_memory(t, block_bytes)]
     if memory is not None:
         budget = int(memory * MEMORY_SHARE) // max(engines, 1)
+        if block_bytes > budget:
+            raise _no_block_fits(source, block_bytes, budget, "memory", engines)
         wanted = num_blocks + sum(_capacity(tiers[i]) or 0 for i in in_memory)
         if wanted * block_bytes > budget:
             factor = budget / (wanted * block_bytes)
@@ -224,6 +235,8 @@ def apply_geometry(
         if free is None:
             continue
         budget = int(free * DISK_SHARE) // max(engines, 1)
+        if block_bytes > budget:
+            raise _no_block_fits(source, block_bytes, budget, f"disk at {root}", engines)
         if capacity * block_bytes > budget:
             smaller = max(1, budget // block_bytes)
             label = f"tier {tier.name or tier.type!r}"
@@ -234,6 +247,24 @@ def apply_geometry(
     geometry.cpu_blocks = num_blocks
     stack = replace(stack, block_size_bytes=block_bytes, num_blocks=num_blocks, tiers=tuple(tiers))
     return stack, geometry
+
+
+def _no_block_fits(
+    source: str, block_bytes: int, budget: int, where: str, engines: int
+) -> ConfigError:
+    """Scaling keeps at least one block: when even one does not fit, the block size is what is
+    wrong, and the error names where it came from (not ``num_blocks``)."""
+    if source.startswith("--model"):
+        fix = "give fewer --block-tokens, a smaller --model, or --block-bytes"
+    elif source == "--block-bytes":
+        fix = "give a smaller --block-bytes"
+    else:
+        fix = "lower block_size_bytes"
+    per = f" per engine ({engines} engines)" if engines > 1 else ""
+    return ConfigError(
+        f"{source}: one block of {human(block_bytes)} does not fit in the {human(budget)} of "
+        f"{where} this replay may use{per}; {fix}"
+    )
 
 
 def _holds_process_memory(tier: Any, block_bytes: int) -> bool:
