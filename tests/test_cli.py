@@ -544,3 +544,26 @@ def test_router_help_says_how_many_blocks_hash_uses() -> None:
     proc = kvo("replay", "--help")
     assert proc.returncode == 0, proc.stderr
     assert "hash (of the first two blocks" in " ".join(proc.stdout.split())
+
+
+def test_a_warning_is_one_clean_line_printed_once(tmp_path: Path) -> None:
+    """Issue 37: the fs tier's disk-space warning came as a raw UserWarning with the source
+    line that issued it, once per check of the stack (three times per replay)."""
+    config = tmp_path / "big.toml"
+    config.write_text(
+        f'num_blocks = 64\nblock_size_bytes = 4096\n[[tiers]]\ntype = "fs"\nroot_dir = '
+        f'"{tmp_path / "root"}"\ncapacity_blocks = 1000000000\n'  # 8 TB of block files
+    )
+    replay, validate = kvo_many(
+        ["replay", config, TRACE, "--limit", "3"], ["validate", config, "--json"]
+    )
+    for proc, command in ((replay, "replay"), (validate, "validate")):
+        assert proc.returncode == 0, proc.stderr
+        # (The fs tier also logs, when built, that it bounds its capacity by the disk.)
+        lines = [x for x in proc.stderr.splitlines() if not x.startswith("WARNING kv_offload")]
+        assert len(lines) == 1, proc.stderr
+        assert lines[0].startswith(
+            f"kv-offload {command}: warning: tier 'fs': the capacity needs 8,192,000,000,000 "
+            "bytes on disk"
+        )
+        assert "UserWarning" not in proc.stderr and ".py:" not in proc.stderr

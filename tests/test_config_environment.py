@@ -81,7 +81,9 @@ def test_cli_no_module_path_flag_before_or_after_the_command(tmp_path: Path) -> 
         pythonpath=module.parent,
     )
     for proc in (before, after):
-        assert_one_line_error(proc, f"{config}:2", "policy_module_path", "forbidden")
+        line = assert_one_line_error(proc, f"{config}:2", "policy_module_path", "forbidden")
+        # Issue 37: the flag forbade it, not the environment the user never set.
+        assert "forbidden by --no-module-path" in line and "ALLOW_MODULE_PATH" not in line
 
 
 # -- module_path errors and warnings point at the user's config line (docs items) ---------

@@ -6,7 +6,8 @@ shows the traceback. An unexpected error exits with status 1, also in one line u
 ``--debug``. ``--no-module-path`` (before or after the command) forbids every ``module_path``
 import whatever the config says, as ``KV_OFFLOAD_ALLOW_MODULE_PATH=0`` does. Machine-readable
 output (``--json``) goes to stdout; progress bars go to stderr (shown on a terminal;
-``--progress`` forces them, ``--no-progress`` hides them).
+``--progress`` forces them, ``--no-progress`` hides them). A warning is one line on stderr
+(``kv-offload replay: warning: ...``), printed once.
 
 One job per module: :mod:`.parser` (arguments and global options), :mod:`.plugins_cmd`,
 :mod:`.validate_cmd`, :mod:`.replay_cmd`, :mod:`.compare_cmd` (one command each, the
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
-from ..config.env import ALLOW_MODULE_PATH_ENV
 from ..errors import KVOffloadError
+from ..plugins.env import forbid_module_paths
 from .parser import build_parser
 
 __all__ = ["main"]
@@ -37,12 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.no_module_path:  # the process's own setting, so every import check sees it
-        os.environ[ALLOW_MODULE_PATH_ENV] = "0"
+        forbid_module_paths("--no-module-path")
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        return int(args.func(args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_printer(args.command)
+            return int(args.func(args))
     except (KVOffloadError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):  # `kv-offload ... | head`: not an error
             _silence_stdout()
@@ -63,6 +69,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERNAL
+
+
+def _warning_printer(command: str) -> Callable[..., None]:
+    """``warnings.showwarning`` for a command: each warning as one line on stderr, without
+    the source line of the code that issued it, and once. A command checks a stack more than
+    once (the config, the scaled stack, the build), so a warning comes back with the same
+    words up to its first figure (figures such as free disk space move between checks)."""
+    seen: set[tuple[object, ...]] = set()
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        text = str(message)
+        key = (category, filename, lineno, re.split(r"\d", text, maxsplit=1)[0])
+        if key in seen:
+            return
+        seen.add(key)
+        # A warning located in a config (a module_path import) names its file and line.
+        where = "" if str(filename).endswith(".py") else f"{filename}:{lineno}: "
+        print(f"kv-offload {command}: warning: {where}{text}", file=file or sys.stderr)
+
+    return show
 
 
 def _os_error(exc: OSError) -> str:

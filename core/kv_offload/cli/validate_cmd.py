@@ -7,9 +7,10 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from ..config.env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
+from ..config.env import module_path_forbidden_by_env
 from ..config.memory import human, physical_memory_bytes
 from ..config.resolve import estimate_memory
+from ..plugins.env import module_path_forbidder
 from ..policies import CachePolicyFactory
 from ..tiering import SecondaryTierFactory
 from .default_stack import describe_stack
@@ -74,7 +75,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     of = f" (this machine has {human(physical)})" if physical else ""
     print(f"  memory: {estimate.describe()}{of}")
     if module_path_forbidden_by_env():
-        print(f"  module_path imports: forbidden ({ALLOW_MODULE_PATH_ENV}=0)")
+        print(f"  module_path imports: forbidden ({module_path_forbidder()})")
     elif not stack.allow_module_path:
         print("  module_path imports: forbidden (allow_module_path = false)")
     return 0

@@ -25,11 +25,12 @@ from ..errors import (
     PluginSettingsError,
 )
 from ..plugins import ExperimentalPluginWarning, PluginInfo
+from ..plugins.env import module_path_forbidder
 from ..plugins.loading import HOOK_ENTRY_POINT_GROUP
 from ..plugins.registry import dist_label
 from ..plugins.settings import parse_plugin_settings
 from ..tiering.base import OffloadingConfig, SecondaryTierManager
-from .env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
+from .env import module_path_forbidden_by_env
 from .locate import KeyPath, Validator, closest, did_you_mean
 from .memory import (
     BOOKKEEPING_BYTES_PER_BLOCK,
@@ -162,7 +163,7 @@ def _forbid_module_paths_by_env(v: Validator, config: StackConfig) -> None:
     if not module_path_forbidden_by_env():
         return
     why = (
-        f"module_path imports are forbidden by {ALLOW_MODULE_PATH_ENV}=0 in the environment "
+        f"module_path imports are forbidden by {module_path_forbidder()} "
         "(whatever allow_module_path says)"
     )
     if config.policy_module_path is not None:

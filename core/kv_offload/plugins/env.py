@@ -39,8 +39,11 @@ __all__ = [
     "Labels",
     "env_flag",
     "env_names",
+    "forbid_module_paths",
     "hook_env",
     "module_path_forbidden_by_env",
+    "module_path_forbidder",
+    "module_path_unforbid_hint",
 ]
 
 AUTOLOAD_DISABLE_ENV = "KV_OFFLOAD_DISABLE_PLUGIN_AUTOLOAD"
@@ -81,6 +84,34 @@ def env_names(name: str, environ: Mapping[str, str] | None = None) -> frozenset[
 def module_path_forbidden_by_env(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``KV_OFFLOAD_ALLOW_MODULE_PATH`` forbids ``module_path`` imports."""
     return env_flag(ALLOW_MODULE_PATH_ENV, environ) is False
+
+
+#: What forbade ``module_path`` imports in this process when a program did it for its user
+#: (``kv-offload --no-module-path``), for the errors to name; ``None``: the environment.
+_forbidden_by: str | None = None
+
+
+def forbid_module_paths(by: str) -> None:
+    """Forbid every ``module_path`` import in this process and the processes it starts (the
+    variable is set), and name ``by`` (e.g. ``"--no-module-path"``) in the errors it causes."""
+    global _forbidden_by
+    os.environ[ALLOW_MODULE_PATH_ENV] = "0"
+    _forbidden_by = by
+
+
+def module_path_forbidder() -> str:
+    """What an error about a forbidden ``module_path`` names: the flag that forbade it, or
+    ``KV_OFFLOAD_ALLOW_MODULE_PATH=0 in the environment``."""
+    if _forbidden_by is not None and module_path_forbidden_by_env():
+        return _forbidden_by
+    return f"{ALLOW_MODULE_PATH_ENV}=0 in the environment"
+
+
+def module_path_unforbid_hint() -> str:
+    """How to lift the ban, for the same errors."""
+    if _forbidden_by is not None and module_path_forbidden_by_env():
+        return f"drop {_forbidden_by}"
+    return f"unset {ALLOW_MODULE_PATH_ENV}"
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from ..errors import (
     PluginNotFoundError,
     PluginTypeError,
 )
-from .env import ALLOW_MODULE_PATH_ENV, module_path_forbidden_by_env
+from .env import module_path_forbidden_by_env, module_path_forbidder, module_path_unforbid_hint
 
 __all__ = ["PluginInfo", "PluginRegistry", "ExperimentalPluginWarning", "KNOWN_DISTRIBUTIONS"]
 
@@ -280,8 +280,8 @@ class PluginRegistry(Generic[T]):
         key = self._config_hint.split()[-1].strip('"')  # "cache_policy_module_path", ...
         return ConfigError(
             f"{key}={module_path!r} ({self.kind} {name!r}): module_path imports are forbidden "
-            f"by {ALLOW_MODULE_PATH_ENV}=0 in the environment; install the {self.kind} as a "
-            f"distribution with a {self.group!r} entry point, or unset {ALLOW_MODULE_PATH_ENV}",
+            f"by {module_path_forbidder()}; install the {self.kind} as a distribution with a "
+            f"{self.group!r} entry point, or {module_path_unforbid_hint()}",
             key=key,
         )
 
