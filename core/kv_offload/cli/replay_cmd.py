@@ -25,6 +25,8 @@ __all__ = ["METRICS_PLUGIN", "cmd_replay"]
 
 #: The router of ``--engines N`` without ``--router``: what a plain load balancer does.
 DEFAULT_ROUTER = "round-robin"
+#: A timed replay planned to take this long (wall seconds) or longer is announced on stderr.
+ANNOUNCE_S = 2.0
 #: The hook plugin ``--metrics-port`` configures, and the distribution that provides it.
 METRICS_PLUGIN = ("prometheus", "kv-offload-prometheus")
 
@@ -70,7 +72,8 @@ def _clock(args: argparse.Namespace) -> Clock | None:
 
 
 def _announce_clock(args: argparse.Namespace, trace: Trace) -> None:
-    """Say on stderr how long a timed replay will take, before it starts; refuse one longer
+    """Say on stderr how long a timed replay will take (from :data:`ANNOUNCE_S` on: a shorter
+    one is over before the line would help), before it starts; refuse one longer
     than ``--max-duration`` (a gap of hours in the trace would otherwise sleep silently)."""
     if trace.timed is None:
         return
@@ -92,7 +95,8 @@ def _announce_clock(args: argparse.Namespace, trace: Trace) -> None:
     )
     if refused is not None:
         raise refused
-    print(f"timed replay: {plan.describe()}", file=sys.stderr)
+    if plan.wall_seconds >= ANNOUNCE_S:
+        print(f"timed replay: {plan.describe()}", file=sys.stderr)
 
 
 def _check_fleet_options(args: argparse.Namespace) -> None:
