@@ -37,9 +37,9 @@ _SINK: deque[object] = deque(maxlen=0)
 _consume = _SINK.extend  # drains a map run for its side effects, at C speed
 
 #: The policy's hits may trail the LRU shadow's by at most this share of the blocks requested.
-MARGIN = 0.005
+MARGIN = 0.001
 #: Budget (in capacities of blocks) the policy must have regained before it leaves LRU again.
-RESUME = 1 / 16
+RESUME = 1 / 256
 
 
 class LRUShadow:
