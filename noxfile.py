@@ -276,7 +276,8 @@ def engine_bench(session: nox.Session) -> None:
     benchmarks/engine_multiturn.py (a slice of the bundled trace through the engine, next to
     `kv-offload replay`'s prediction), in the engine session's environment, on a 28 M-parameter
     random Llama built offline. About 20 minutes on 2 quiet cores; `-- short` is a smoke run
-    of both (fewer repeats, requests and engines: about 5 minutes with the venv build)."""
+    of both (fewer repeats, requests and engines: 11 minutes on a loaded machine, 7 of them
+    the venv build; not in .ci/run)."""
     short = ["--short"] if "short" in session.posargs else []
     try:
         tmp = engine_environment(session, "ENGINE BENCHMARKS")

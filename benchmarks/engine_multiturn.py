@@ -173,7 +173,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     slice_path = workdir / "slice.jsonl"
     slice_path.write_text("".join(json.dumps(line) + "\n" for line in chosen.lines))
     model = build_model(args.model or workdir / "model")
-    names = list(SHORT_POLICIES if args.short else POLICIES)
+    names = list(SHORT_POLICIES if args.short else args.engines or POLICIES)
     cpu_bytes = args.cpu_blocks * BLOCK_BYTES
     results: dict[str, Any] = {}
     print(f"{len(chosen.prompts)} requests, {chosen.full_blocks} full blocks", flush=True)
@@ -260,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--tolerance", type=float, default=0.01, help="allowed |measured - predicted| hit ratio"
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=list(POLICIES),
+        help="the offload engines to run (default: all; no offload always runs)",
     )
     parser.add_argument("--short", action="store_true", help="60 requests, 2 engines")
     parser.add_argument("--model", type=Path, help="the model's directory (built if missing)")
