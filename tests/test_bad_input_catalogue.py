@@ -158,6 +158,11 @@ MANAGER_CASES = [
         "kv_offload.synchronized(manager)",
     ),
     Case("lookup unhashable key", lambda m: m.lookup([1], CTX), InvalidKeyError, "[1]"),
+    # Issue 37 #6: a hashable value that is not bytes answered MISS silently.
+    Case("lookup str key", lambda m: m.lookup("str-key", CTX), InvalidKeyError, "'str-key'"),
+    Case("lookup None key", lambda m: m.lookup(None, CTX), InvalidKeyError, "None is a NoneType"),
+    Case("lookup tuple key", lambda m: m.lookup((1, 2), CTX), InvalidKeyError, "(1, 2) is a tuple"),
+    Case("load str key", lambda m: m.prepare_load(["k"], CTX), InvalidKeyError, "'k' is a str"),
     Case("lookup without context", lambda m: m.lookup(IDLE, None), InvalidArgumentError, "None"),
     Case("lookup str context", lambda m: m.lookup(IDLE, "req"), InvalidArgumentError, "req"),
     Case(
@@ -253,6 +258,19 @@ MANAGER_CASES = [
         lambda m: m.prepare_store([k(7), {1: 2}], CTX),
         InvalidKeyError,
         "{1: 2}",
+    ),
+    # Issue 37 #6: accepted, keys_to_store [k(7), 42] (a tier's job then failed on 42).
+    Case(
+        "store int key",
+        lambda m: m.prepare_store([k(7), 42], CTX),
+        InvalidKeyError,
+        "key 42 is a int",
+    ),
+    Case(
+        "store resident + str key",
+        lambda m: m.prepare_store([IDLE, "k"], CTX),
+        InvalidKeyError,
+        "key 'k' is a str",
     ),
     Case(
         "store duplicates",
@@ -371,6 +389,9 @@ def test_buffer_misuse_leaves_bytes_intact(name: str, call: Any, error: Any, nam
         ("lookup", lambda m: m.lookup(IDLE, CTX)),
         ("on_new_request", lambda m: m.on_new_request(CTX)),
         ("prepare_store", lambda m: m.prepare_store([k(7)], CTX)),
+        # Issue 37: these two passed silently on a shut-down CPU manager.
+        ("touch", lambda m: m.touch([IDLE], CTX)),
+        ("on_request_finished", lambda m: m.on_request_finished(CTX)),
     ],
 )
 def test_calls_after_shutdown_raise(stack: str, operation: str, call: Any) -> None:

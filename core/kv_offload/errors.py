@@ -54,7 +54,7 @@ class InvalidArgumentError(ManagerError, ValueError):
 
 
 class InvalidKeyError(InvalidArgumentError, TypeError):
-    """A key cannot be used as an offload key (for example, it is unhashable)."""
+    """A value cannot be used as an offload key (keys are ``bytes``: a str, unhashable, ...)."""
 
 
 class KeyStateError(ManagerError):

@@ -8,7 +8,7 @@ need bytes, so build keys with :func:`make_offload_key`.
 
 from __future__ import annotations
 
-from typing import NewType
+from typing import Any, NewType
 
 from .errors import InvalidKeyError
 
@@ -54,6 +54,30 @@ def make_offload_key(block_hash: bytes | int, group_idx: int = 0) -> OffloadKey:
             )
         block_hash = block_hash.to_bytes(8, "big", signed=block_hash < 0)
     return OffloadKey(bytes(block_hash) + group_idx.to_bytes(_GROUP_BYTES, "big"))
+
+
+def is_offload_key(value: object) -> bool:
+    """The one rule of what the manager accepts as a key: ``bytes`` (a subclass too). Tiers
+    persist keys as bytes; a str, an int, ``None`` or a tuple would answer ``MISS`` forever,
+    or fail a tier job and the valid keys in it."""
+    return isinstance(value, bytes)
+
+
+_JOIN = b"".join  # refuses (TypeError) what is not bytes-like, at C speed
+
+
+def all_offload_keys(values: list[Any]) -> bool:
+    """Whether every item is bytes-like, in one C-level pass (``b"".join``, the cheapest
+    there is): what the hot paths ask before keys enter the cache or a tier. ``False`` names
+    no culprit: the caller then applies :func:`is_offload_key` to each. A read-only
+    ``memoryview`` passes (it hashes and compares as the bytes it views, so it is the same
+    key); a ``bytearray`` passes too, and is refused as unhashable by the cache lookup that
+    precedes every use."""
+    try:
+        _JOIN(values)
+    except TypeError:
+        return False
+    return True
 
 
 def get_offload_block_hash(key: OffloadKey) -> bytes:

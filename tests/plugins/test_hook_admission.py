@@ -128,17 +128,32 @@ def test_admission_can_refuse_a_promotion(pm: KVOffloadPluginManager) -> None:
     assert m.lookup(k(1), ctx) is HIT
 
 
+@pytest.mark.parametrize(
+    ("answer", "shown"),
+    [
+        (3, "int 3"),
+        # Issue 37 #11: a str is iterable, and taken as keys it rejected every key silently.
+        ("yes", "str 'yes'"),
+        (b"yes", "bytes b'yes'"),
+        ([1, 2], "list [1, 2]"),
+        ({"k": True}, "dict {'k': True}"),
+    ],
+    ids=["int", "str", "bytes", "list-of-ints", "dict"],
+)
+@pytest.mark.parametrize("stack", ["cpu", "tiered"])
 def test_admission_returning_garbage_is_a_hook_error_without_effect(
-    pm: KVOffloadPluginManager,
+    pm: KVOffloadPluginManager, stack: str, answer: object, shown: str
 ) -> None:
     class Garbage:
         @hookimpl
-        def kv_offload_store_admission(self) -> int:
-            return 3
+        def kv_offload_store_admission(self) -> object:
+            return answer
 
     pm.register(Garbage(), name="garbage")
-    m = CPUOffloadingManager(8, plugin_manager=pm)
+    m = CPUOffloadingManager(8, plugin_manager=pm) if stack == "cpu" else make_tiered(pm)
     before = m.get_stats()
-    with pytest.raises(HookError, match="kv_offload_store_admission returned 3"):
+    with pytest.raises(HookError, match="hook plugin 'garbage' broke the") as info:
         m.prepare_store(ks(1), ReqContext("r"))
+    assert info.value.plugin == "garbage"
+    assert f"kv_offload_store_admission contract: it returned {shown}" in str(info.value)
     assert m.get_stats() == before

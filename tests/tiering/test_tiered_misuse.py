@@ -5,6 +5,7 @@ example tier, the faulty wrapper holding cascade results, the fs tier on real fi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,22 @@ def _store(m: TieringOffloadingManager, ids: list[int], ctx: ReqContext) -> None
     m.complete_store(out.keys_to_store, ctx)
 
 
-def test_a_key_that_is_not_bytes_is_refused_before_anything_changes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (42, "key 42 is a int"),
+        ("str-key", "key 'str-key' is a str"),
+        (None, "key None is a NoneType"),
+        ((1, 2), "key (1, 2) is a tuple"),
+    ],
+    ids=["int", "str", "None", "tuple"],
+)
+def test_a_key_that_is_not_bytes_is_refused_before_anything_changes(
+    tmp_path: Path, bad: Any, named: str
+) -> None:
     """With an fs tier, ``prepare_store([key, 42])`` was accepted and the whole cascade job
-    then failed on 42, taking the valid key with it."""
+    then failed on 42, taking the valid key with it. The CPU manager's rule of what a key is
+    refuses the call whole, up front; lookup and touch refuse such a value too."""
     config = {
         "num_blocks": 4,
         "block_size_bytes": BLOCK,
@@ -63,8 +77,12 @@ def test_a_key_that_is_not_bytes_is_refused_before_anything_changes(tmp_path: Pa
     m = build_manager(config)
     ctx = ReqContext("r")
     before = m.get_stats()
-    with pytest.raises(InvalidKeyError, match=r"key 42 is a int; offload keys are bytes"):
-        m.prepare_store([key(1), 42], ctx)  # type: ignore[list-item]
+    with pytest.raises(InvalidKeyError, match=re.escape(named) + "; offload keys are bytes"):
+        m.prepare_store([key(1), bad], ctx)
+    with pytest.raises(InvalidKeyError, match=re.escape(named)):
+        m.lookup(bad, ctx)
+    with pytest.raises(InvalidKeyError, match=re.escape(named)):
+        m.touch([key(1), bad], ctx)
     assert m.get_stats() == before
     _store(m, [1], ctx)  # the good key alone stores and cascades
     m.drain()

@@ -21,7 +21,7 @@ from ..base import OffloadingManager
 from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded, new_entry_token, unguarded
-from ..errors import ManagerError
+from ..errors import KVOffloadError, ManagerError
 from ..events import EventLog
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookErrorLog
@@ -180,6 +180,8 @@ class CPUOffloadingManager(OffloadingManager):
 
     @entry_guarded
     def on_request_finished(self, req_context: ReqContext) -> None:
+        if self._closed:
+            raise check.closed_error("on_request_finished")
         if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, "on_request_finished")
         if self._on_request_finished is not None:
@@ -202,14 +204,17 @@ class CPUOffloadingManager(OffloadingManager):
         distinct: bool = True,
     ) -> tuple[list[OffloadKey], list[BlockStatus | None]]:
         """The keys as a list, with each key's block (``None`` if absent); raises for a bad
-        context, an unhashable key or (``distinct``) a repeated key before anything changes."""
+        context, an unhashable key or (``distinct``) a repeated key before anything changes.
+        A key that is not bytes is absent: the caller's refusal of absent keys names it."""
         if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, operation)
         key_list = keys if type(keys) is list else check.as_list(keys, operation)
         try:
             blocks = list(map(self._get, key_list))
-        except TypeError:
-            raise check.bad_batch(key_list, operation) from None
+        except ManagerError:  # a failed manager's reads (cpu/eviction.py)
+            raise
+        except Exception as exc:
+            raise check.bad_batch(key_list, operation, exc, self.cache_policy_name) from exc
         if distinct and len(set(key_list)) != len(key_list):  # hashable: all were looked up
             raise check.bad_batch(key_list, operation)
         return key_list, blocks
@@ -220,15 +225,21 @@ class CPUOffloadingManager(OffloadingManager):
         try:  # the context's req_id is read as an attribute here, not with getattr
             req_id = req_context.req_id
             block = self._get(key)
-        except (AttributeError, TypeError):
+        except ManagerError:  # a failed manager's reads (cpu/eviction.py)
+            raise
+        except Exception as exc:
             check.check_context(req_context, "lookup")
-            raise check.bad_batch([key], "lookup") from None
+            raise check.bad_batch([key], "lookup", exc, self.cache_policy_name) from exc
         if req_id is None:
             check.check_context(req_context, "lookup")
         counters = self.counters
         if block is None:
-            if self._closed:  # the cache is empty after shutdown: only misses pay the check
+            # Only misses pay these checks: the cache is empty after shutdown, and a value
+            # that is not a key is never found.
+            if self._closed:
                 raise check.closed_error("lookup")
+            if type(key) is not bytes:
+                check.check_key(key, "lookup")
             counters.misses += 1
             return _MISS
         if self._refs[block] < 0:
@@ -301,6 +312,8 @@ class CPUOffloadingManager(OffloadingManager):
     @entry_guarded
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Mark blocks as recently used; keys not in the CPU tier are ignored."""
+        if self._closed:
+            raise check.closed_error("touch")
         if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, "touch")
         key_list = keys if type(keys) is list else check.as_list(keys, "touch")
@@ -342,9 +355,11 @@ class CPUOffloadingManager(OffloadingManager):
             raise check.bad_batch(key_list, "prepare_store")
         if protected:
             key_set = check.protected_set(key_set, protected)
+        to_store = without_block(key_list, blocks)
+        if not check.all_keys(to_store):  # keys enter the cache here: the resident are keys
+            check.check_keys(to_store, "prepare_store")
         if self._on_request_access is not None:
             self._on_request_access(key_list, req_context)
-        to_store = without_block(key_list, blocks)
         if self.admission is not None and not bypass_reuse_filter:
             admission = self.admission
             admitted = set(checked_admit(admission, admission.plugin_name, key_list, req_context))
@@ -379,7 +394,7 @@ class CPUOffloadingManager(OffloadingManager):
                 self.event_log.record(evicted, MEDIUM_CPU, True)
         # Counted once eviction can no longer raise: a broken policy leaves the stats as they were.
         self.counters.observe_allocation(count)
-        new_blocks = self._slots.allocate(count)
+        new_blocks = self._slots.allocate(to_store)
         self._policy.insert_many(to_store, new_blocks)
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
         if evicted and (hook := self.hooks.blocks_evicted) is not None:
@@ -401,7 +416,7 @@ class CPUOffloadingManager(OffloadingManager):
         if not self._slots.finish_store(blocks, success):
             if self._closed:
                 raise check.closed_error("complete_store")
-            raise check.storable_error(key_list, self._slots.counts(blocks))
+            raise self._refused_store(key_list, blocks)
         if success:
             self.counters.stored += len(key_list)
             if self._mark_evictable is not None:
@@ -420,6 +435,24 @@ class CPUOffloadingManager(OffloadingManager):
             hook = self.hooks.store_failed
         if hook is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
+
+    def _refused_store(
+        self, key_list: list[OffloadKey], blocks: list[BlockStatus | None]
+    ) -> KVOffloadError:
+        """Why ``complete_store`` refused a batch. Keys the policy lost after
+        ``prepare_store`` inserted them (their pending slots are in the slot table's record)
+        are the policy's fault: their slots are freed, so none stays pending forever."""
+        slots = self._slots
+        dropped: list[tuple[OffloadKey, int]] = []
+        if check.malformed_keys(key_list, "complete_store") is None:
+            for key, block in zip(key_list, blocks):
+                slot = slots.pending_slot_of(key) if block is None else None
+                if slot is not None:
+                    dropped.append((key, slot))
+        if not dropped:
+            return check.storable_error(key_list, slots.counts(blocks))
+        slots.finish_store([slots.status(slot) for _, slot in dropped], False)
+        return check.dropped_error(self.cache_policy_name, dropped)
 
     # -- whole-cache operations -----------------------------------------------------------
 

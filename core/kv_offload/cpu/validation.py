@@ -11,13 +11,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import (
-    HookError,
     InvalidArgumentError,
     InvalidKeyError,
     KeyStateError,
+    KVOffloadError,
     ManagerError,
+    PluginError,
 )
-from ..keys import OffloadKey
+from ..keys import OffloadKey, all_offload_keys, is_offload_key
 from .slots import not_pending, not_pinned, not_readable
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "bad_batch",
     "check_context",
     "describe_victims",
+    "kept_victims",
+    "victim_fault",
     "key_state_error",
     "malformed_keys",
     "not_pinned_error",
@@ -69,23 +72,43 @@ def as_list(keys: Any, operation: str) -> list[Any]:
         ) from None
 
 
-def _hashable(key: object) -> bool:
-    try:
-        hash(key)
-    except TypeError:
-        return False
-    return True
+def key_error(key: object, operation: str) -> InvalidKeyError | None:
+    """The error for ``key`` if it is not an offload key (:func:`kv_offload.keys.
+    is_offload_key`), else ``None``. The fast paths ask ``type(key) is bytes`` or
+    :func:`all_keys` and come here when that fails (a ``bytes`` subclass passes here)."""
+    if is_offload_key(key):
+        return None
+    return InvalidKeyError(
+        f"{operation}: key {short(key)} is a {type(key).__name__}; offload keys are bytes "
+        f"(see kv_offload.make_offload_key); nothing was changed"
+    )
+
+
+def check_key(key: object, operation: str) -> None:
+    """Raise :func:`key_error`'s error for a value that is not an offload key."""
+    error = key_error(key, operation)
+    if error is not None:
+        raise error
+
+
+all_keys = all_offload_keys
+
+
+def check_keys(key_list: list[Any], operation: str) -> None:
+    """Raise for the first item of ``key_list`` that is not an offload key."""
+    if not all_keys(key_list):
+        for key in key_list:
+            check_key(key, operation)
 
 
 def malformed_keys(key_list: Sequence[Any], operation: str) -> InvalidArgumentError | None:
-    """The error for a batch holding an unhashable or a repeated key, else ``None``."""
+    """The error for a batch holding a value that is not a key, or a repeated key, else
+    ``None``."""
     seen: set[Any] = set()
     for key in key_list:
-        if not _hashable(key):
-            return InvalidKeyError(
-                f"{operation}: key {short(key)} of type {type(key).__name__} is unhashable; "
-                f"offload keys must be bytes (see kv_offload.make_offload_key)"
-            )
+        error = key_error(key, operation)
+        if error is not None:
+            return error
         if key in seen:
             return InvalidArgumentError(
                 f"{operation}: key {short(key)} appears more than once in one call; "
@@ -93,16 +116,6 @@ def malformed_keys(key_list: Sequence[Any], operation: str) -> InvalidArgumentEr
             )
         seen.add(key)
     return None
-
-
-def not_bytes(key_list: Sequence[Any], operation: str) -> InvalidKeyError:
-    """The error for a batch holding a key that is not ``bytes``: checked where keys enter
-    the cache, so a bad key never reaches a tier job (where it would fail its neighbours)."""
-    bad = next((k for k in key_list if not isinstance(k, bytes)), key_list[0])
-    return InvalidKeyError(
-        f"{operation}: key {short(bad)} is a {type(bad).__name__}; offload keys are bytes "
-        f"(see kv_offload.make_offload_key); nothing was stored"
-    )
 
 
 def no_tier_to_filter(tier_filter: Any) -> None:
@@ -146,19 +159,25 @@ def key_state_error(
 
 def not_readable_error(
     operation: str, key_list: Sequence[OffloadKey], counts: Sequence[int | None]
-) -> KeyStateError:
-    """Why ``pin`` (or ``prepare_load``) refused a batch: a key not readable now."""
+) -> InvalidArgumentError | KeyStateError:
+    """Why ``pin`` (or ``prepare_load``) refused a batch: a value that is not a key, or a key
+    not readable now."""
     advice = "load only keys that lookup() answered HIT"
-    return key_state_error(operation, key_list, counts, not_readable, advice)
+    return malformed_keys(key_list, operation) or key_state_error(
+        operation, key_list, counts, not_readable, advice
+    )
 
 
 def not_pinned_error(
     operation: str, key_list: Sequence[OffloadKey], counts: Sequence[int | None]
-) -> KeyStateError:
-    """Why ``unpin`` (or ``complete_load``) refused a batch: a key nobody pinned."""
+) -> InvalidArgumentError | KeyStateError:
+    """Why ``unpin`` (or ``complete_load``) refused a batch: a value that is not a key, or a
+    key nobody pinned."""
     pinner = "prepare_load" if operation == "complete_load" else "pin"
     advice = f"call {operation} only for keys pinned by {pinner}"
-    return key_state_error(operation, key_list, counts, not_pinned, advice)
+    return malformed_keys(key_list, operation) or key_state_error(
+        operation, key_list, counts, not_pinned, advice
+    )
 
 
 def storable_error(
@@ -171,6 +190,21 @@ def storable_error(
         counts,
         not_pending,
         "it was never prepared for storing: pass the keys_to_store of prepare_store",
+    )
+
+
+def dropped_error(policy_name: str, dropped: Sequence[tuple[OffloadKey, int]]) -> PluginError:
+    """``complete_store`` found keys that ``prepare_store`` inserted into the policy (the slot
+    table records their pending slots) but that the policy's ``get()`` no longer finds."""
+    named = ", ".join(f"{short(key)} (slot {slot})" for key, slot in dropped[:3])
+    more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+    return PluginError(
+        f"complete_store: policy {policy_name!r} broke the insert() contract: prepare_store "
+        f"inserted {named}{more} but the policy's get() no longer finds them; their slots "
+        f"were freed (as for a failed store) and nothing else changed: complete the other "
+        f"keys again, and fix the policy's insert() (or insert_many())",
+        kind="policy",
+        plugin=policy_name,
     )
 
 
@@ -193,25 +227,90 @@ def describe_victims(victims: Any, ref_count: Callable[[int], int]) -> str:
         return short(victims)
 
 
-def bad_batch(key_list: Sequence[Any], operation: str) -> InvalidArgumentError:
-    """The error for a batch a set or dict lookup refused: an unhashable or repeated key."""
-    return malformed_keys(key_list, operation) or InvalidKeyError(
-        f"{operation}: the keys could not be looked up; offload keys must be hashable bytes"
+def victim_fault(
+    victims: Any,
+    expected: int,
+    protected: set[Any],
+    refs: list[int],
+    owners: list[Any],
+) -> str:
+    """What is wrong with a refused eviction answer (``(key, block)`` pairs), for the error."""
+    try:
+        pairs = [(key, block) for key, block in victims]
+    except (TypeError, ValueError):
+        return "not (key, block) pairs"
+    if len(pairs) != expected:
+        return f"{len(pairs)} victim(s) instead of {expected}"
+    seen: set[Any] = set()
+    for key, block in pairs:
+        try:
+            count, owner = refs[block], owners[block]
+        except (TypeError, IndexError):
+            return f"{short(block)} (of key {short(key)}) is not a slot of this manager"
+        if count:
+            state = "pending" if count < 0 else f"pinned {count} time(s)"
+            return f"block {int(block)} (of key {short(key)}) is {state}"
+        if block in seen:
+            return f"block {int(block)} is named more than once"
+        seen.add(block)
+        if key in protected:
+            return f"key {short(key)} is protected"
+        if owner != key:
+            return f"key {short(key)} does not hold block {int(block)} (key {short(owner)} does)"
+    return "no fault found"  # pragma: no cover - only called for a refused answer
+
+
+def kept_victims(
+    policy_name: str,
+    keys: Sequence[Any],
+    get: Callable[[Any], Any],
+    held: int,
+    sized: Callable[[], int] | None,
+) -> PluginError:
+    """The error for an ``evict()`` whose victims did not all leave the policy."""
+    kept = [key for key in keys if get(key) is not None]
+    if kept:
+        fault = f"it still holds {short(kept[0])} ({len(kept)} of {len(keys)} kept)"
+    else:
+        size = sized() if sized is not None else held
+        fault = f"its size went from {held} to {size}, not {held - len(keys)}"
+    return PluginError(
+        f"policy {policy_name!r} broke the evict() contract: it named {len(keys)} victim(s) "
+        f"but did not remove exactly those: {fault}; fix the policy's evict()",
+        kind="policy",
+        plugin=policy_name,
+    )
+
+
+def bad_batch(
+    key_list: Sequence[Any],
+    operation: str,
+    error: BaseException | None = None,
+    policy_name: str = "",
+) -> KVOffloadError:
+    """The error for a batch whose lookup raised ``error`` (or that a set refused): a value
+    that is not a key, or a repeated key; failing those, the policy's ``get()`` broke.
+    """
+    malformed = malformed_keys(key_list, operation)
+    if malformed is not None:
+        return malformed
+    if error is None:  # pragma: no cover - a set refused keys malformed_keys accepts
+        return InvalidKeyError(f"{operation}: the keys could not be looked up")
+    return PluginError(
+        f"{operation}: policy {policy_name!r} broke the get() contract: it raised "
+        f"{type(error).__name__}: {error} for a valid key; get(key) must return the key's "
+        f"BlockStatus or None. Fix the policy's get() (or fast_get())",
+        kind="policy",
+        plugin=policy_name,
     )
 
 
 def admitted(answer: Any, to_store: list[OffloadKey]) -> list[OffloadKey]:
-    """The keys a store-admission hook's ``answer`` lets in, in the caller's order."""
+    """The keys a store-admission hook's ``answer`` (``None``, or keys: checked by the
+    hook's dispatch, :mod:`kv_offload.plugins.dispatch`) lets in, in the caller's order."""
     if answer is None:
         return to_store
-    try:
-        allowed = set(answer)
-    except TypeError:
-        raise HookError(
-            f"kv_offload_store_admission returned {answer!r}; it must return a list of "
-            f"keys or None",
-            kind="hook",
-        ) from None
+    allowed = set(answer)
     return [key for key in to_store if key in allowed]
 
 

@@ -16,7 +16,9 @@ Errors. A plugin's exception becomes :class:`~kv_offload.errors.HookError` namin
 rule for event hooks, applied by :class:`HookErrorLog` and nowhere else: the manager call's
 effect stands, every other hook and tier result of the call is still processed, and the first
 hook error is raised when the call is done, carrying the call's return value in ``result``.
-Decision hooks (``store_admission``) raise before anything changed.
+Decision hooks (``store_admission``) raise before anything changed, and their answer is
+checked here against the hook's contract (``_ANSWER_CHECKS``), where the plugin that gave it
+is known: a broken answer is a :class:`~kv_offload.errors.HookError` naming that plugin.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import pluggy
 
 from ..errors import HookError
+from ..keys import is_offload_key
 from .loading import HOOK_NAMES, KVOffloadPluginManager
 
 __all__ = ["HookCallers", "HookErrorLog", "Dispatch"]
@@ -42,6 +45,28 @@ def _error(hook_name: str, plugin: str, exc: Exception) -> HookError:
         kind="hook",
         plugin=plugin,
     )
+
+
+def _admission_answer(hook_name: str, plugin: str, answer: Any) -> None:
+    """``kv_offload_store_admission``'s contract: the offered keys to store, or ``None``
+    (checked by the caller). A str such as ``"yes"`` is iterable, and taken as keys it
+    would reject every block silently."""
+    if isinstance(answer, (list, tuple, set, frozenset)) and all(map(is_offload_key, answer)):
+        return
+    raise HookError(
+        f"hook plugin {plugin!r} broke the {hook_name} contract: it returned "
+        f"{type(answer).__name__} {answer!r:.80}; it must return a list of the offered keys "
+        f"to store (bytes), or None for no opinion. Nothing was stored; fix the plugin's "
+        f"{hook_name}()",
+        kind="hook",
+        plugin=plugin,
+    )
+
+
+#: Per decision hook: the check of a non-``None`` answer, ``(hook name, plugin, answer)``.
+_ANSWER_CHECKS: dict[str, Callable[[str, str, Any], None]] = {
+    "kv_offload_store_admission": _admission_answer,
+}
 
 
 def _bound(impl: pluggy.HookImpl, spec_args: tuple[str, ...]) -> Callable[[dict[str, Any]], Any]:
@@ -65,6 +90,7 @@ def _direct(caller: pluggy.HookCaller, impls: list[pluggy.HookImpl]) -> Dispatch
     spec = caller.spec
     spec_args = tuple(spec.argnames) if spec is not None else ()
     firstresult = bool(spec is not None and spec.opts.get("firstresult"))
+    check = _ANSWER_CHECKS.get(name)
     if len(impls) == 1 and set(impls[0].argnames) == set(spec_args):
         # The common case, one plugin taking every argument: no loop, no adapter frame.
         function, plugin = impls[0].function, impls[0].plugin_name
@@ -75,7 +101,16 @@ def _direct(caller: pluggy.HookCaller, impls: list[pluggy.HookImpl]) -> Dispatch
             except Exception as exc:
                 raise _error(name, plugin, exc) from exc
 
-        return dispatch_one
+        if check is None:
+            return dispatch_one
+
+        def decide_one(**kwargs: Any) -> Any:
+            answer = dispatch_one(**kwargs)
+            if answer is not None:
+                check(name, plugin, answer)
+            return answer
+
+        return decide_one
     # pluggy calls the last registered first.
     calls = [(_bound(impl, spec_args), impl.plugin_name) for impl in reversed(impls)]
 
@@ -86,6 +121,8 @@ def _direct(caller: pluggy.HookCaller, impls: list[pluggy.HookImpl]) -> Dispatch
             except Exception as exc:
                 raise _error(name, plugin, exc) from exc
             if firstresult and result is not None:
+                if check is not None:
+                    check(name, plugin, result)
                 return result
         return None
 
@@ -102,13 +139,18 @@ def _through_pluggy(caller: pluggy.HookCaller, impls: list[pluggy.HookImpl]) -> 
     plugins = sorted({impl.plugin_name for impl in impls})
     culprit = plugins[0] if len(plugins) == 1 else "one of " + ", ".join(plugins)
 
+    check = _ANSWER_CHECKS.get(name)
+
     def dispatch(**kwargs: Any) -> Any:
         try:
-            return caller(**kwargs)
+            answer = caller(**kwargs)
         except HookError:
             raise
         except Exception as exc:
             raise _error(name, culprit, exc) from exc
+        if check is not None and answer is not None:
+            check(name, culprit, answer)
+        return answer
 
     return dispatch
 

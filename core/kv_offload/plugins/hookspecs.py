@@ -126,4 +126,7 @@ def kv_offload_store_admission(
     registered plugin first. Keys already stored are filtered before this hook runs, so it
     only sees keys that would take a slot. A rejected key is simply not stored. A promotion
     from a secondary tier reserves its CPU slot through ``prepare_store`` too, so this hook
-    sees it (one key) and may refuse it: the lookup then answers ``MISS``."""
+    sees it (one key) and may refuse it: the lookup then answers ``MISS``. Any other answer
+    (a str such as ``"yes"``, a dict, values that are not keys) is a
+    :class:`~kv_offload.errors.HookError` naming the plugin, raised before anything is
+    stored."""

@@ -29,7 +29,7 @@ from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded
 from ..cpu import CPUOffloadingManager
-from ..cpu.validation import as_list, check_context, closed_error, not_bytes
+from ..cpu.validation import all_keys, as_list, check_context, check_keys, closed_error
 from ..errors import ConfigError
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookErrorLog
@@ -64,11 +64,10 @@ _HIT = LookupResult.HIT
 _PENDING = LookupResult.PENDING
 _LOAD = JobDirection.LOAD
 _STORE = JobDirection.STORE
+
+
 #: Refuses a batch holding a key that is not bytes-like: a tier writes keys as bytes, and one
 #: bad key in a cascade job would fail the good keys with it.
-_JOIN = b"".join
-
-
 class TieringOffloadingManager(OffloadingManager):
     """The manager API over a CPU tier (``primary``) and secondary ``tiers``.
 
@@ -172,10 +171,8 @@ class TieringOffloadingManager(OffloadingManager):
         the way, collect those tier results first. For a request some tiers
         want whole, its blocks already in the CPU tier are cascaded to those tiers."""
         keys = keys if type(keys) is list else as_list(keys, "prepare_store")
-        try:  # keys reach the tiers from here: bytes only (join: the cheapest C-level check)
-            _JOIN(keys)
-        except TypeError:
-            raise not_bytes(keys, "prepare_store") from None
+        if not all_keys(keys):  # keys reach the tiers from here: refused whole, up front
+            check_keys(keys, "prepare_store")
         primary = self.primary
         if len(self._jobs) and len(keys) > primary.num_storable_blocks:
             # Blocks pinned by finished cascades may be in the way: collect those results
@@ -204,9 +201,12 @@ class TieringOffloadingManager(OffloadingManager):
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if self._closed:
             raise closed_error("touch")
-        self.primary._held_touch(keys, req_context)
+        key_list = keys if type(keys) is list else as_list(keys, "touch")
+        if not all_keys(key_list):  # the tiers are told: refused whole, up front
+            check_keys(key_list, "touch")
+        self.primary._held_touch(key_list, req_context)
         for tier in self.tiers:
-            tier.touch(keys, req_context)
+            tier.touch(key_list, req_context)
 
     # -- lookups and promotions -----------------------------------------------------------
 
