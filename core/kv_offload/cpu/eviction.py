@@ -5,29 +5,23 @@ eviction (it owns those), and is told through the ``fail`` callback it hands ove
 policy's answer leaves it unable to trust its cache.
 
 The policy is a plugin, and ``evict()`` removes its victims from the policy's own structures
-before the manager sees them, so a broken answer must not leave hidden damage behind. The
-answer is checked against what the manager itself knows, whatever the policy implements
-(``__len__`` or not): each victim is a ``(key, block)`` pair whose block is resident and idle
-and was allocated to that key (the slot table's record of owners), no block is named twice,
-no victim is protected, and the policy no longer finds any victim. Then:
+before the manager sees them, so a broken answer must not leave hidden damage behind:
 
-* an answer that breaks the contract (pinned, pending, protected or repeated blocks, keys the
-  policy does not hold or did not remove, the wrong number) is **undone**: every resident
-  block the policy no longer finds is re-inserted under the key the slot table records for it,
-  evictable again if idle. The call raises :class:`~kv_offload.PluginError` and the manager is
-  as it was: no slot is handed out, pinned keys stay ``HIT``, ``complete_load`` works,
-  ``get_stats()`` is unchanged;
+* victims that break the contract (pinned, pending or protected blocks, a victim named twice,
+  the wrong number) are **put back**: re-inserted into the policy with their blocks,
+  evictable again if idle. The call raises :class:`~kv_offload.PluginError` and the manager
+  is as it was: pinned keys stay ``HIT``, ``complete_load`` works, ``get_stats()`` is
+  unchanged;
 * an ``evict()`` that raises, or returns something that is not ``(key, block)`` pairs, may
-  have left the policy half-way through a change. The manager is then marked **failed**:
-  every later call that reads the cache raises :class:`~kv_offload.ManagerError` naming the
-  policy and its error, until ``reset_cache()`` (which empties the cache and the policy) or a
-  new manager.
+  have removed any number of blocks the manager cannot name. The manager is then marked
+  **failed**: every later call that reads the cache raises :class:`~kv_offload.ManagerError`
+  naming the policy and its error, until ``reset_cache()`` (which empties the cache and the
+  policy) or a new manager.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..block_status import BlockStatus
@@ -63,10 +57,9 @@ class Eviction:
         self._slots = slots
         self._fail = fail
         self._split = splits_victims(type(policy))  # evict_split, or evict's pairs
-        self._get = policy.fast_get()  # cleared, never replaced (CachePolicy.fast_get)
-        #: ``len(policy)`` if the policy can say how many keys it holds (optional: vLLM's
-        #: CachePolicy has no ``__len__``): then that its victims left it is one call.
-        sized = getattr(policy, "__len__", None)
+        #: ``len(policy)`` if the policy can say how many keys it holds: then every victim
+        #: it names is checked to have been one it held.
+        sized = getattr(policy, "__len__", None)  # optional: not part of vLLM's CachePolicy
         self._len: Callable[[], int] | None = sized if callable(sized) else None
 
     def choose(
@@ -79,11 +72,11 @@ class Eviction:
         slots = self._slots
         if shortfall > slots.num_evictable:
             return None
-        policy, sized = self._policy, self._len
-        held = sized() if sized is not None else 0
+        policy, split, sized = self._policy, self._split, self._len
+        held = sized() if sized is not None else -1
         answer: Any  # the policy is a plugin: its answer is checked below, not trusted
         try:
-            if self._split:
+            if split:
                 answer = policy.evict_split(shortfall, protected)
             else:
                 answer = policy.evict(shortfall, protected)
@@ -92,36 +85,47 @@ class Eviction:
         if answer is None:
             return None
         try:
-            chosen = victims(answer, self._split, shortfall, protected, slots, self._name)
-            keys = chosen[0]
-            # Each victim left the policy: its size fell by as many, or (no __len__) get()
-            # finds none of them. Else a kept victim's slot would be handed out twice.
-            if (
-                sized() != held - shortfall
-                if sized is not None
-                else list(map(self._get, keys)) != [None] * shortfall
-            ):
-                raise check.kept_victims(self._name, keys, self._get, held, sized)
+            keys, blocks = victims(answer, split, shortfall, protected, slots, self._name)
         except PluginError as exc:
-            if not _pairs(check.as_pairs(answer) if self._split else answer):
+            if not self._put_back(check.as_pairs(answer) if split else answer):
                 raise self._failed(exc) from exc
-            self._restore()
             raise
-        return chosen
+        # (Only for a policy whose size is the number of resident blocks, as it was before.)
+        if sized is not None and sized() != held - shortfall and held == slots.num_resident:
+            # It named a key it did not hold (or kept one it named): some victim slot is
+            # still some resident key's, and handing it out would give one slot to two keys.
+            # Which keys it removed cannot be told, so nothing can be put back.
+            named = check.describe_victims(
+                check.as_pairs(answer) if split else answer, slots.refs.__getitem__
+            )
+            raise self._failed(
+                LookupError(
+                    f"it named {shortfall} victim(s) but its size went from {held} to "
+                    f"{sized()}, so some named key was not one it held (or was not removed): "
+                    f"{named}"
+                )
+            )
+        return keys, blocks
 
-    def _restore(self) -> None:
-        """Undo a contract-breaking ``evict()`` answer: re-insert every resident block the
-        policy no longer finds under the key the slot table records for it (evictable again
-        if idle). A pass over the table, on this error path only: it finds the blocks the
-        policy removed without naming them, and never inserts a key the answer made up."""
-        slots, policy = self._slots, self._policy
-        owners, refs = slots.owners, slots.refs
-        for slot in slots.resident_slots():
-            key = owners[slot]
-            if policy.get(key) is None:
-                policy.insert(key, slots.status(slot))
-                if refs[slot] == 0:
-                    policy.mark_evictable(key)
+    def _put_back(self, chosen: Any) -> bool:
+        """Re-insert a contract-breaking ``evict()`` answer into the policy; ``False`` when
+        the answer is not ``(key, block)`` pairs of known slots (nothing can be put back)."""
+        slots = self._slots
+        try:
+            pairs = [(key, block) for key, block in chosen]
+            hash(tuple(key for key, _ in pairs))
+        except (TypeError, ValueError):
+            return False
+        if not all(isinstance(b, BlockStatus) and 0 <= b < slots.num_blocks for _, b in pairs):
+            return False
+        policy = self._policy
+        for key, block in pairs:
+            if policy.get(key) is not None:
+                continue  # not removed (a key the policy still holds)
+            policy.insert(key, block)
+            if slots.refs[block] == 0:
+                policy.mark_evictable(key)
+        return True
 
     def _failed(self, error: BaseException) -> PluginError:
         """Fail the manager's cache reads, and return the error to raise now."""
@@ -132,15 +136,6 @@ class Eviction:
         )
         self._fail(message)
         return PluginError(message, kind="policy", plugin=self._name)
-
-
-def _pairs(answer: Any) -> bool:
-    """Whether an ``evict()`` answer is a sequence of two-item pairs (the policy returned
-    normally with victims it could name, so its own structures are whole)."""
-    try:
-        return all(len(pair) == 2 for pair in answer)
-    except TypeError:
-        return False
 
 
 def victims(
@@ -155,42 +150,28 @@ def victims(
     blocks)`` from ``evict_split`` when ``split``, else ``evict()``'s ``(key, block)`` pairs.
 
     The policy is a plugin: a victim that is pinned, pending or protected would have its
-    bytes overwritten while in use, and a block named twice, or under a key that is not the
-    one the slot table allocated it to, would be handed to two keys. So the contract is
-    checked against the manager's own records, not trusted (that the victims left the policy
-    is :meth:`Eviction.choose`'s check): the checks are C-level passes over the victims
-    (here, not in
-    :mod:`~kv_offload.cpu.validation`, which only builds errors); the error is built there
-    when they fail.
+    bytes overwritten while in use, so the contract is checked, not trusted. The check runs
+    on every eviction (here, not in :mod:`~kv_offload.cpu.validation`, which only builds
+    errors); the error is built there when it fails.
     """
     try:
         keys, blocks = answer if split else split_pairs(answer)
-        if type(keys) is not list:
-            keys = list(keys)
-        refs, owners = slots.refs, slots.owners
-        if expected == 1:
-            block = blocks[0]
-            kept = len(keys) == len(blocks) == 1 and not refs[block] and owners[block] == keys[0]
-        else:
-            pick = itemgetter(*blocks)  # one C-level reader for both tables
-            kept = (
-                len(keys) == expected == len(blocks)
-                and not any(pick(refs))  # idle (raises for a non-slot)
-                and pick(owners) == tuple(keys)  # each block named with the key it holds
-                and len(set(keys)) == expected  # so no block is named twice either
-            )
-        kept = kept and protected.isdisjoint(keys)
+        kept = (
+            len(keys) == expected == len(blocks)
+            and not any(map(slots.refs.__getitem__, blocks))  # idle (raises for a non-slot)
+            and protected.isdisjoint(keys)
+            and (expected == 1 or len(set(keys)) == expected)  # no victim named twice
+        )
     except (TypeError, ValueError, IndexError):
         kept = False
     if not kept:
         method = "evict_split" if split else "evict"
         named = check.as_pairs(answer) if split else answer
         got = check.describe_victims(named, slots.refs.__getitem__)
-        fault = check.victim_fault(named, expected, protected, slots.refs, slots.owners)
         raise PluginError(
             f"policy {policy_name!r} broke the evict() contract: asked for {expected} "
-            f"distinct (key, BlockStatus) pairs of idle, unprotected blocks it held, got "
-            f"{got}: {fault}; fix the policy's {method}()",
+            f"(key, BlockStatus) pairs of idle, unprotected blocks, got {got}; fix the "
+            f"policy's {method}()",
             kind="policy",
             plugin=policy_name,
         )

@@ -21,7 +21,7 @@ from ..base import OffloadingManager
 from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
 from ..concurrency import entry_guarded, new_entry_token, unguarded
-from ..errors import KVOffloadError, ManagerError
+from ..errors import ManagerError
 from ..events import EventLog
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookErrorLog
@@ -394,7 +394,7 @@ class CPUOffloadingManager(OffloadingManager):
                 self.event_log.record(evicted, MEDIUM_CPU, True)
         # Counted once eviction can no longer raise: a broken policy leaves the stats as they were.
         self.counters.observe_allocation(count)
-        new_blocks = self._slots.allocate(to_store)
+        new_blocks = self._slots.allocate(count)
         self._policy.insert_many(to_store, new_blocks)
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
         if evicted and (hook := self.hooks.blocks_evicted) is not None:
@@ -416,7 +416,7 @@ class CPUOffloadingManager(OffloadingManager):
         if not self._slots.finish_store(blocks, success):
             if self._closed:
                 raise check.closed_error("complete_store")
-            raise self._refused_store(key_list, blocks)
+            raise check.storable_error(key_list, self._slots.counts(blocks))
         if success:
             self.counters.stored += len(key_list)
             if self._mark_evictable is not None:
@@ -435,24 +435,6 @@ class CPUOffloadingManager(OffloadingManager):
             hook = self.hooks.store_failed
         if hook is not None:
             hook(manager=self, keys=list(key_list), medium=MEDIUM_CPU, req_context=req_context)
-
-    def _refused_store(
-        self, key_list: list[OffloadKey], blocks: list[BlockStatus | None]
-    ) -> KVOffloadError:
-        """Why ``complete_store`` refused a batch. Keys the policy lost after
-        ``prepare_store`` inserted them (their pending slots are in the slot table's record)
-        are the policy's fault: their slots are freed, so none stays pending forever."""
-        slots = self._slots
-        dropped: list[tuple[OffloadKey, int]] = []
-        if check.malformed_keys(key_list, "complete_store") is None:
-            for key, block in zip(key_list, blocks):
-                slot = slots.pending_slot_of(key) if block is None else None
-                if slot is not None:
-                    dropped.append((key, slot))
-        if not dropped:
-            return check.storable_error(key_list, slots.counts(blocks))
-        slots.finish_store([slots.status(slot) for _, slot in dropped], False)
-        return check.dropped_error(self.cache_policy_name, dropped)
 
     # -- whole-cache operations -----------------------------------------------------------
 

@@ -10,12 +10,8 @@ correctness, and ``benchmarks/replay.py`` (throughput) and ``benchmarks/memory.p
 per resident block) for speed and size.
 
 A slot's ref count: ``-1`` pending (a store is in flight), ``0`` idle (readable, evictable),
-``n > 0`` pinned by ``n`` readers. A slot that holds no block (never used, freed, or emptied by
-``clear``) never counts ``0`` between two manager calls, so ``0`` means resident and idle.
-Which key a block is found under is the policy's business; the table also records which key
-each slot was allocated to (:attr:`SlotTable.owners`), the manager's own record that a
-policy's eviction answer is checked against (:mod:`~kv_offload.cpu.eviction`). Which calls
-are legal is the manager's business.
+``n > 0`` pinned by ``n`` readers. The table only counts; which key a slot holds is the
+policy's business, and which calls are legal the manager's.
 """
 
 from __future__ import annotations
@@ -76,8 +72,6 @@ class SlotTable:
         #: ref count per slot id; the list object never changes (statuses read it).
         self.refs: list[int] = [PENDING_REF_CNT] * num_blocks
         self._status_cls: type[BlockStatus] = bind_block_status(self.refs)
-        #: the key each slot was last allocated to (stale for a slot that holds no block)
-        self.owners: list[Any] = [None] * num_blocks
         self.free: list[BlockStatus] = []
         self.num_allocated = 0
         #: never-used slots plus freed ones (kept, not computed: prepare_store reads it)
@@ -159,13 +153,11 @@ class SlotTable:
         self.num_free += len(blocks)
         self.num_evictable -= len(blocks)
 
-    def allocate(self, keys: list[Any]) -> list[BlockStatus]:
-        """A slot per key, marked pending and recorded as the key's: never-used slots
-        first, then freed ones, last freed first."""
+    def allocate(self, count: int) -> list[BlockStatus]:
+        """``count`` slots, marked pending: never-used slots first, then freed ones, last
+        freed first."""
         free = self.free
         refs = self.refs
-        owners = self.owners
-        count = len(keys)
         fresh = self.num_blocks - self.num_allocated
         if fresh > count:
             fresh = count
@@ -175,9 +167,8 @@ class SlotTable:
             reused = free[cut:]
             del free[cut:]
             reused.reverse()  # the free list is a stack: the last freed slot comes out first
-            for block, key in zip(reused, keys[fresh:] if fresh else keys):
+            for block in reused:
                 refs[block] = PENDING_REF_CNT
-                owners[block] = key
         self.num_pending += count
         self.num_free -= count
         if not fresh:  # the steady state of a full cache
@@ -185,32 +176,11 @@ class SlotTable:
         start = self.num_allocated
         self.num_allocated += fresh
         refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
-        owners[start : start + fresh] = keys[:fresh] if fresh < count else keys
         status = self._status_cls
         return [status(slot) for slot in range(start, start + fresh)] + reused
 
-    def status(self, slot: int) -> BlockStatus:
-        """The ``BlockStatus`` of ``slot`` (reading this table's ref counts)."""
-        return self._status_cls(slot)
-
-    def pending_slot_of(self, key: Any) -> int | None:
-        """The pending slot allocated to ``key``, if any: a pass over the table, for the
-        diagnosis of a policy that lost a key it was given, never on the fast path."""
-        refs, owners = self.refs, self.owners
-        for slot in self.resident_slots():
-            if refs[slot] == PENDING_REF_CNT and owners[slot] == key:
-                return slot
-        return None
-
-    def resident_slots(self) -> list[int]:
-        """The slots that hold a block (pending, idle or pinned), in slot order; a full
-        pass over the table, for repairs after a broken policy, never on the fast path."""
-        free = set(self.free)
-        return [slot for slot in range(self.num_allocated) if slot not in free]
-
     def clear(self) -> None:
         """Every slot unused again."""
-        self.refs[:] = [PENDING_REF_CNT] * self.num_blocks  # no stale 0: nothing is idle
         self.num_allocated = 0
         self.free.clear()
         self.num_free = self.num_blocks

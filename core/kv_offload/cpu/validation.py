@@ -28,8 +28,6 @@ __all__ = [
     "bad_batch",
     "check_context",
     "describe_victims",
-    "kept_victims",
-    "victim_fault",
     "key_state_error",
     "malformed_keys",
     "not_pinned_error",
@@ -193,21 +191,6 @@ def storable_error(
     )
 
 
-def dropped_error(policy_name: str, dropped: Sequence[tuple[OffloadKey, int]]) -> PluginError:
-    """``complete_store`` found keys that ``prepare_store`` inserted into the policy (the slot
-    table records their pending slots) but that the policy's ``get()`` no longer finds."""
-    named = ", ".join(f"{short(key)} (slot {slot})" for key, slot in dropped[:3])
-    more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
-    return PluginError(
-        f"complete_store: policy {policy_name!r} broke the insert() contract: prepare_store "
-        f"inserted {named}{more} but the policy's get() no longer finds them; their slots "
-        f"were freed (as for a failed store) and nothing else changed: complete the other "
-        f"keys again, and fix the policy's insert() (or insert_many())",
-        kind="policy",
-        plugin=policy_name,
-    )
-
-
 def as_pairs(answer: Any) -> Any:
     """An ``evict_split`` answer as ``evict()``'s pairs, for messages (as it is if it is not
     two sequences)."""
@@ -225,61 +208,6 @@ def describe_victims(victims: Any, ref_count: Callable[[int], int]) -> str:
         return f"(key, ref_cnt) {short(shown)} ({len(victims)} in all)"
     except Exception:
         return short(victims)
-
-
-def victim_fault(
-    victims: Any,
-    expected: int,
-    protected: set[Any],
-    refs: list[int],
-    owners: list[Any],
-) -> str:
-    """What is wrong with a refused eviction answer (``(key, block)`` pairs), for the error."""
-    try:
-        pairs = [(key, block) for key, block in victims]
-    except (TypeError, ValueError):
-        return "not (key, block) pairs"
-    if len(pairs) != expected:
-        return f"{len(pairs)} victim(s) instead of {expected}"
-    seen: set[Any] = set()
-    for key, block in pairs:
-        try:
-            count, owner = refs[block], owners[block]
-        except (TypeError, IndexError):
-            return f"{short(block)} (of key {short(key)}) is not a slot of this manager"
-        if count:
-            state = "pending" if count < 0 else f"pinned {count} time(s)"
-            return f"block {int(block)} (of key {short(key)}) is {state}"
-        if block in seen:
-            return f"block {int(block)} is named more than once"
-        seen.add(block)
-        if key in protected:
-            return f"key {short(key)} is protected"
-        if owner != key:
-            return f"key {short(key)} does not hold block {int(block)} (key {short(owner)} does)"
-    return "no fault found"  # pragma: no cover - only called for a refused answer
-
-
-def kept_victims(
-    policy_name: str,
-    keys: Sequence[Any],
-    get: Callable[[Any], Any],
-    held: int,
-    sized: Callable[[], int] | None,
-) -> PluginError:
-    """The error for an ``evict()`` whose victims did not all leave the policy."""
-    kept = [key for key in keys if get(key) is not None]
-    if kept:
-        fault = f"it still holds {short(kept[0])} ({len(kept)} of {len(keys)} kept)"
-    else:
-        size = sized() if sized is not None else held
-        fault = f"its size went from {held} to {size}, not {held - len(keys)}"
-    return PluginError(
-        f"policy {policy_name!r} broke the evict() contract: it named {len(keys)} victim(s) "
-        f"but did not remove exactly those: {fault}; fix the policy's evict()",
-        kind="policy",
-        plugin=policy_name,
-    )
 
 
 def bad_batch(
