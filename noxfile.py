@@ -26,6 +26,7 @@ PLUGINS = sorted(
 TRACE = "data/conversation_trace.jsonl"
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
+IMPORT_LINTER = "import-linter==2.17"
 # The vllm session: each supported vLLM release in turn, in one virtualenv, its wheel swapped
 # without its dependencies (they pin a CUDA torch and GBs of CUDA wheels), beside the CPU torch
 # wheel this machine kind provides under /opt/wheels, and only the packages importing
@@ -304,9 +305,13 @@ def soak(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install(RUFF)
+    """Ruff, and the core's layers (pyproject.toml's ``[tool.importlinter]`` contracts):
+    ``lint-imports`` reads the sources, so they are found on PYTHONPATH, not installed."""
+    session.install(RUFF, IMPORT_LINTER)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    sources = [str(ROOT / "core"), *(str(ROOT / p / "src") for p in PLUGINS)]
+    session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(sources)})
 
 
 @nox.session

@@ -4,11 +4,10 @@ function entered recorded by ``sys.setprofile``; the modules of the project it e
 first-entry order, must be the list in the document. On a change the test fails and prints the
 new list.
 
-The design bound: the stack's own modules (``kv_offload.cpu`` and ``kv_offload.tiering``: the
-CPU tier, the tiered manager and what it decides with) that one request walks through are at
-most :data:`STACK_MODULE_BOUND`. The tiered manager is the only one calling the CPU tier; the
-job table and the request scope decide and it acts, so a request does not wander through
-modules that each change the CPU tier a little."""
+The tiered manager is the only one calling the CPU tier. How far a reader has to jump back
+and forth on every thread is measured, not bounded here: ``benchmarks/module_walk.py``
+counts the re-entries of one tiered request; which module may import which is stated as
+import-linter contracts (pyproject.toml, ``nox -s lint``)."""
 
 from __future__ import annotations
 
@@ -26,9 +25,6 @@ from kv_offload import LookupResult, ReqContext, TieringOffloadingManager, build
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 BEGIN, END = "<!-- tiered-flow:begin -->", "<!-- tiered-flow:end -->"
 BLOCK = 4096
-#: At most this many of the stack's own modules in one tiered request (issue 24: it was 11).
-STACK_MODULE_BOUND = 9  # promotions split out of jobs; the CPU counters their own module (issue 28)
-STACK_PACKAGES = ("kv_offload.cpu.", "kv_offload.tiering.")
 
 
 def _rows(keys: list[bytes]) -> np.ndarray:
@@ -108,15 +104,6 @@ def test_the_documented_tiered_request_flow_is_the_code(tmp_path: Path) -> None:
         f"docs/architecture.md's tiered request flow is out of date; replace the block "
         f"between {BEGIN} and {END} with:\n```\n{block}\n```"
     )
-
-
-def test_one_tiered_request_walks_through_few_of_the_stacks_modules(tmp_path: Path) -> None:
-    stack = [name for name in traced_modules(tmp_path) if name.startswith(STACK_PACKAGES)]
-    assert len(stack) <= STACK_MODULE_BOUND, (
-        f"one tiered request enters {len(stack)} of the stack's modules (bound "
-        f"{STACK_MODULE_BOUND}): {', '.join(stack)}"
-    )
-    assert stack[:2] == ["kv_offload.tiering.manager", "kv_offload.cpu.manager"]
 
 
 def test_only_the_tiered_manager_calls_the_cpu_tier(tmp_path: Path) -> None:
