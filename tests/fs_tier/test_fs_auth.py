@@ -20,7 +20,7 @@ from _fs import store as _store
 from _tiers import key
 from kv_offload import ReqContext, TieringOffloadingManager
 from kv_offload_fs_tier import FileSystemTier
-from kv_offload_fs_tier._layout import key_name, shard_of
+from kv_offload_fs_tier.layout import key_name, shard_of
 
 SECRET = "tenant-a-secret-0123456789abcdef"
 OTHER = "tenant-b-secret-fedcba9876543210"
@@ -51,7 +51,7 @@ def write(root: Path, keys: list[int], **auth: str) -> None:
 
 
 def path_of(root: Path, k: bytes) -> Path:
-    return root / "blocks" / f"{shard_of(k) & 0xFF:02x}" / key_name(k)
+    return root / "blocks" / f"{shard_of(k):02x}" / key_name(k)
 
 
 def promote_all(m: TieringOffloadingManager, keys: list[int]) -> list[object]:

@@ -37,7 +37,8 @@ from _fs import (
 from _tiers import expected_rows, key
 from kv_offload import ConfigError, CPUOffloadingManager, ReqContext, build_manager
 from kv_offload.tiering import JobDirection, JobMetadata
-from kv_offload_fs_tier import FileSystemTier, _format, _io
+from kv_offload_fs_tier import FileSystemTier, layout
+from kv_offload_fs_tier import io as fs_io
 
 
 def can_mount() -> bool:
@@ -103,7 +104,7 @@ def test_a_full_disk_fails_stores_and_the_stack_keeps_serving(
     )
     if not real:  # no mount here: the write system call says what a full disk says
         calls = {"n": 0}
-        write = _io.write_block
+        write = fs_io.write_block
 
         def fill_up(*args: Any) -> None:
             calls["n"] += 1
@@ -111,7 +112,7 @@ def test_a_full_disk_fails_stores_and_the_stack_keeps_serving(
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             write(*args)
 
-        monkeypatch.setattr(_io, "write_block", fill_up)
+        monkeypatch.setattr(fs_io, "write_block", fill_up)
     if real:  # a capacity larger than the disk: the build warns with both figures, and the
         # capacity is bound at once to what the disk holds, less 5% (at least 4 blocks)
         with (
@@ -182,7 +183,7 @@ def test_a_full_disk_bounds_the_capacity_once_across_restarts(
     if auth:
         monkeypatch.setenv("KVO_FS_KEY", "k" * 32)
         extra["auth_key_env"] = "KVO_FS_KEY"
-    disk_files = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize // _format.file_size(BLOCK)
+    disk_files = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize // layout.file_size(BLOCK)
     capacities = []
     for run in range(4):
         caplog.clear()
@@ -226,7 +227,7 @@ def test_store_errors_fail_the_job_with_one_reason(
     m = build_fs_stack(tmp_path / "fs", cpu_blocks=4)
     tier = m.tiers[0]
     assert isinstance(tier, FileSystemTier)
-    monkeypatch.setattr(_io, "write_block", fail_with(code))
+    monkeypatch.setattr(fs_io, "write_block", fail_with(code))
     ctx = ReqContext("r")
     store(m, [key(1), key(2), key(3)], ctx)
     name = errno.errorcode[code]
@@ -250,7 +251,7 @@ def test_a_read_error_is_a_failed_promotion(
     ctx = ReqContext("r")
     store(m, [key(1), key(2)], ctx)
     evict_from_cpu(m, ctx)
-    monkeypatch.setattr(_io, "read_block", fail_with(errno.EIO))
+    monkeypatch.setattr(fs_io, "read_block", fail_with(errno.EIO))
     assert promote(m, key(1), ctx) is MISS
     assert tier.get_stats().drop_reasons == {"EIO": 1}
     check_no_leaks(m)
@@ -273,7 +274,7 @@ def test_an_io_thread_that_raises_still_reports_the_job(
     def broken(data: memoryview) -> int:
         raise RuntimeError("checksum library broke")
 
-    monkeypatch.setattr(_format, "checksum", broken)
+    monkeypatch.setattr(layout, "checksum", broken)
     store(m, [key(2), key(3), key(4)], ctx)  # the store job fails, reported
     assert promote(m, key(1), ctx) is MISS  # the load job fails, reported
     stats = tier.get_stats()
@@ -537,9 +538,9 @@ def test_a_removed_root_dir_is_reported_once_and_the_tier_recovers_when_it_is_ba
 
 def in_shard(shard: int, start: int) -> int:
     """The first ``i >= start`` whose ``key(i)`` goes to ``shard``."""
-    from kv_offload_fs_tier._layout import shard_of
+    from kv_offload_fs_tier.layout import shard_of
 
-    return next(i for i in itertools.count(start) if shard_of(key(i)) & 0xFF == shard)
+    return next(i for i in itertools.count(start) if shard_of(key(i)) == shard)
 
 
 @pytest.mark.parametrize(
@@ -555,7 +556,7 @@ def test_a_removed_part_of_root_dir_is_named_and_recreated_with_its_blocks_dropp
     every cascade failed for the rest of the run. Now the warning names what is missing, the
     blocks that were in it leave the index at once, the tier recreates the layout (it owns
     the directory: it holds its lock), says it is back, and stores again."""
-    from kv_offload_fs_tier._layout import shard_of
+    from kv_offload_fs_tier.layout import shard_of
 
     root = tmp_path / "fs"
     m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=1000)
@@ -565,7 +566,7 @@ def test_a_removed_part_of_root_dir_is_named_and_recreated_with_its_blocks_dropp
     for i in range(0, 40, 2):
         store(m, [key(i), key(i + 1)], ctx)
     if removed == ["shards"]:
-        shards = sorted({shard_of(key(i)) & 0xFF for i in (0, 1)})
+        shards = sorted({shard_of(key(i)) for i in (0, 1)})
         removed = [f"blocks/{s:02x}" for s in shards]
         probes = [in_shard(s, 1000) for s in shards]  # stores that find their shard gone
     else:

@@ -13,8 +13,9 @@ import pytest
 from _fs import HIT, block_files, build_fs_stack, promote, store, tmp_entries
 from _tiers import key
 from kv_offload import ReqContext
-from kv_offload_fs_tier import FileSystemTier, _io
-from kv_offload_fs_tier.tier import PRECREATE_FILES
+from kv_offload_fs_tier import FileSystemTier
+from kv_offload_fs_tier import io as fs_io
+from kv_offload_fs_tier.io import PRECREATE_FILES
 
 
 def wait_for_spares(tier: FileSystemTier, count: int, timeout: float = 30.0) -> None:
@@ -69,7 +70,7 @@ def test_a_failing_create_stops_the_idle_work_and_the_tier_serves(
         calls["n"] += 1
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(_io, "create_spare", full)
+    monkeypatch.setattr(fs_io, "create_spare", full)
     root = tmp_path / "fs"
     m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=100)
     time.sleep(0.1)

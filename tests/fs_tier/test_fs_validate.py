@@ -15,7 +15,7 @@ from _fs import BLOCK, build_fs_stack
 from _tier_config_files import line_of, tier_config_file
 from kv_offload import ConfigError, load_config
 from kv_offload_fs_tier import FileSystemTier
-from kv_offload_fs_tier._config import DEFAULTS
+from kv_offload_fs_tier.config import DEFAULTS
 from test_cli import kvo
 
 

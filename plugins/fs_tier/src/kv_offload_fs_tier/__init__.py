@@ -14,7 +14,7 @@ See README.md for durability, the on-disk format and crash safety.
 
 from __future__ import annotations
 
-from ._format import FORMAT_VERSION
+from .layout import FORMAT_VERSION
 from .tier import FileSystemTier, FsTierStats
 
 __all__ = ["FORMAT_VERSION", "FileSystemTier", "FsTierStats"]

@@ -5,7 +5,7 @@ constructor would, without creating or allocating anything: :func:`check_argumen
 keys as written; ``validate_arguments``) and :func:`check_for_block_size` (what needs the
 stack's ``block_size_bytes``: a byte capacity below one block file, a ``root_dir`` written
 with another block size; ``validate_for_stack``). The constructor runs both through
-:func:`validate`, then :class:`~._layout.RootDir` repeats the directory checks on the
+:func:`validate`, then :class:`~.layout.RootDir` repeats the directory checks on the
 descriptors it opens (the directory may change between validation and construction).
 Every error carries ``key=`` the argument at fault, so a TOML config's error names its line.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from kv_offload.block_auth import BlockAuth
 from kv_offload.errors import ConfigError
 
-from . import _format
+from . import layout
 
 __all__ = [
     "DEFAULTS",
@@ -107,12 +107,12 @@ def _read_marker(path: Path) -> dict[str, Any] | bool | None:
     """The directory's marker fields; ``None`` for a damaged or foreign one; ``False``
     when it has none."""
     try:
-        data = (path / _format.MARKER_NAME).read_bytes()
+        data = (path / layout.MARKER_NAME).read_bytes()
     except FileNotFoundError:
         return False
     except OSError:
         return None
-    return _format.parse_marker(data)
+    return layout.parse_marker(data)
 
 
 def _check_marker(tier: str, path: Path) -> None:
@@ -123,7 +123,7 @@ def _check_marker(tier: str, path: Path) -> None:
                 raise _root_error(
                     tier,
                     path,
-                    f"has a {name!r} entry but no {_format.MARKER_NAME}: it was not written by "
+                    f"has a {name!r} entry but no {layout.MARKER_NAME}: it was not written by "
                     "the kv-offload fs tier",
                     "point root_dir at an empty or new directory",
                 )
@@ -132,16 +132,16 @@ def _check_marker(tier: str, path: Path) -> None:
         raise _root_error(
             tier,
             path,
-            f"has a damaged or foreign {_format.MARKER_NAME}",
+            f"has a damaged or foreign {layout.MARKER_NAME}",
             "point root_dir at a directory of its own, or delete this one",
         )
     version = marker.get("format_version")
-    if version != _format.FORMAT_VERSION:
+    if version != layout.FORMAT_VERSION:
         raise _root_error(
             tier,
             path,
             f"was written in fs-tier format version {version!r}, this version reads "
-            f"{_format.FORMAT_VERSION}",
+            f"{layout.FORMAT_VERSION}",
             "point root_dir at another directory, or delete this one",
         )
 
@@ -198,7 +198,7 @@ def check_arguments(tier: str, **arguments: Any) -> dict[str, Any]:
         tier,
         values["auth_key_env"],
         values["auth_key_previous_env"],
-        context=_format.AUTH_CONTEXT,
+        context=layout.AUTH_CONTEXT,
     )
     return {**values, "root_dir": path, "auth": auth}
 
@@ -207,10 +207,10 @@ def check_for_block_size(tier: str, block_size: int, **arguments: Any) -> None:
     """What needs the stack's block size (after :func:`check_arguments`)."""
     values = {**DEFAULTS, **arguments}
     capacity_bytes = values["capacity_bytes"]
-    if capacity_bytes is not None and capacity_bytes < _format.file_size(block_size):
+    if capacity_bytes is not None and capacity_bytes < layout.file_size(block_size):
         raise ConfigError(
             f"tier {tier!r}: capacity_bytes {capacity_bytes} is smaller than one block file "
-            f"({_format.file_size(block_size)} bytes: a {_format.HEADER_SPACE}-byte header "
+            f"({layout.file_size(block_size)} bytes: a {layout.HEADER_SPACE}-byte header "
             f"and block_size_bytes {block_size}); raise it",
             key="capacity_bytes",
         )
@@ -235,7 +235,7 @@ def _warn_if_larger_than_the_disk(
     (see the README), which is rarely what was meant."""
     capacity_bytes = values["capacity_bytes"]
     if capacity_bytes is None:
-        capacity_bytes = values["capacity_blocks"] * _format.file_size(block_size)
+        capacity_bytes = values["capacity_blocks"] * layout.file_size(block_size)
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
