@@ -4,7 +4,7 @@ one place (docs/plugin-guide.md, "Plugin-author API", one table per module), and
 distribution under ``plugins/`` importing only those names. That they import only those
 modules is import-linter's contract (pyproject.toml, ``lint-imports`` in ``nox -s lint``);
 here, that its list of the core's other modules is complete. Names moved out of
-``kv_offload`` still import from it, with a ``DeprecationWarning`` naming the new module."""
+``kv_offload`` no longer import from it: the ImportError names their module."""
 
 from __future__ import annotations
 
@@ -140,12 +140,17 @@ def test_the_public_api_contract_protects_every_other_core_module() -> None:
         ("PluginNotFoundError", "kv_offload.errors"),
     ],
 )
-def test_a_moved_name_still_imports_with_a_warning_naming_its_module(
+def test_a_moved_name_no_longer_imports_and_the_error_names_its_module(
     name: str, module: str
 ) -> None:
-    with pytest.warns(DeprecationWarning, match=f"import it from {module}"):
-        value = getattr(kv_offload, name)
-    assert value is getattr(importlib.import_module(module), name)
+    with pytest.raises(ImportError, match=f"import it from {module}"):
+        exec(f"from kv_offload import {name}", {})
+    assert hasattr(importlib.import_module(module), name)
+
+
+def test_the_deprecated_tier_module_is_gone() -> None:
+    with pytest.raises(ModuleNotFoundError, match=r"kv_offload\.tier'"):
+        importlib.import_module("kv_offload.tier")
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:

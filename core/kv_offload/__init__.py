@@ -6,13 +6,12 @@ statistics, and the errors worth catching. Plugin authors import from the module
 kind (``kv_offload.policies``, ``kv_offload.tiering``, ``kv_offload.admission``,
 ``kv_offload.plugins`` for hooks, ``kv_offload.errors``); each of those modules' ``__all__``
 is documented in docs/plugin-guide.md ("Plugin-author API"). Names this package exported
-before that split still import from here, with a ``DeprecationWarning`` naming their module.
+before that split no longer import from here: importing one is an ``ImportError`` naming the
+module that exports it (CHANGELOG.md).
 """
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from typing import Any
 
 from .base import OffloadingManager
@@ -74,7 +73,7 @@ __all__ = [
 ]
 
 #: Names exported here before the integrator / plugin-author split -> the module that
-#: exports them now.
+#: exports them now (the error for an old import says where to import it from).
 _MOVED_TO: dict[str, str] = {
     **dict.fromkeys(
         (
@@ -131,14 +130,10 @@ def __getattr__(name: str) -> Any:
     module = _MOVED_TO.get(name)
     if module is None:
         raise AttributeError(f"module 'kv_offload' has no attribute {name!r}")
-    warnings.warn(
+    # An ImportError, not an AttributeError: ``from kv_offload import NAME`` turns the latter
+    # into a bare "cannot import name", and the user would not learn where NAME went.
+    raise ImportError(
         f"kv_offload.{name} moved: import it from {module} (from {module} import {name}); "
-        f"the old import stops working in a later release",
-        DeprecationWarning,
-        stacklevel=2,
+        f"kv_offload no longer exports it (CHANGELOG.md)",
+        name="kv_offload",
     )
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MOVED_TO})
