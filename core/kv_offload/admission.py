@@ -34,7 +34,7 @@ from typing import Any
 
 from .errors import ConfigError, PluginError, PluginNotFoundError
 from .keys import OffloadKey
-from .plugins.construct import construct
+from .plugins.construct import construct, named_instance
 from .plugins.registry import PluginRegistry
 from .types import ReqContext
 
@@ -266,15 +266,9 @@ def build_admission(
         )
     except ConfigError as exc:  # the plugin's own check of an option: say whose it is
         raise ConfigError(f"{who}: {exc}", key=exc.key) from exc
-    if not isinstance(admission, AdmissionPolicy):
-        raise PluginError(
-            f"{who} built a {type(admission).__name__}, not an AdmissionPolicy; subclass "
-            f"kv_offload.admission.AdmissionPolicy",
-            kind="admission",
-            plugin=name,
-        )
-    admission.plugin_name = name
-    return admission
+    return named_instance(
+        "admission", name, admission, AdmissionPolicy, "kv_offload.admission.AdmissionPolicy", who
+    )
 
 
 def check_admission_keys(where: str, name: Any, options: Any) -> None:

@@ -30,7 +30,7 @@ import math
 from typing import Any
 
 from .errors import ConfigError, KVOffloadError, PluginError
-from .plugins.construct import construct
+from .plugins.construct import construct, named_instance
 from .plugins.registry import PluginRegistry
 
 __all__ = [
@@ -136,15 +136,7 @@ def build_load_wait(
         policy = construct(KIND, name, cls, **options)
     except ConfigError as exc:  # the policy's own check of an option: say whose it is
         raise ConfigError(f"load-wait policy {name!r}: {exc}", key=exc.key) from exc
-    if not isinstance(policy, LoadWaitPolicy):
-        raise PluginError(
-            f"load-wait policy {name!r} built a {type(policy).__name__}, not a "
-            f"LoadWaitPolicy; subclass kv_offload.load_wait.LoadWaitPolicy",
-            kind=KIND,
-            plugin=name,
-        )
-    policy.plugin_name = name
-    return policy
+    return named_instance(KIND, name, policy, LoadWaitPolicy, "kv_offload.load_wait.LoadWaitPolicy")
 
 
 def _check_options(name: str, cls: type, options: dict[str, Any]) -> None:

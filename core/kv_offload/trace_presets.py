@@ -47,7 +47,7 @@ the next turn of a conversation arrives after the answer is written and the thin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ConfigError
 
@@ -128,50 +128,46 @@ class TraceParams:
         return 1.0 - self.multi_turn_share + self.multi_turn_share * self.multi_turn_mean
 
 
+_SHAREGPT = TraceParams(
+    name="sharegpt",
+    description="ShareGPT-like chat: 73% multi-turn, 3.51 turns per conversation",
+    multi_turn_share=0.73,
+    multi_turn_mean=(3.51 - 0.27) / 0.73,
+    min_multi_turns=2,
+    max_turns=200,
+    question_tokens=94.0,
+    question_sigma=1.0,
+    answer_tokens=348.0,
+    answer_sigma=0.7,
+    system_prompts=8,
+    system_tokens=1000.0,
+    system_sigma=0.3,
+    system_zipf=1.0,
+    think_median_s=30.0,
+    think_sigma=1.0,
+    decode_tokens_per_s=30.0,
+    conversations_per_s=100.0,
+    max_context_tokens=32768,
+)
+
 PRESETS: dict[str, TraceParams] = {
     p.name: p
     for p in (
-        TraceParams(
-            name="sharegpt",
-            description="ShareGPT-like chat: 73% multi-turn, 3.51 turns per conversation",
-            multi_turn_share=0.73,
-            multi_turn_mean=(3.51 - 0.27) / 0.73,
-            min_multi_turns=2,
-            max_turns=200,
-            question_tokens=94.0,
-            question_sigma=1.0,
-            answer_tokens=348.0,
-            answer_sigma=0.7,
-            system_prompts=8,
-            system_tokens=1000.0,
-            system_sigma=0.3,
-            system_zipf=1.0,
-            think_median_s=30.0,
-            think_sigma=1.0,
-            decode_tokens_per_s=30.0,
-            conversations_per_s=100.0,
-            max_context_tokens=32768,
-        ),
-        TraceParams(
+        _SHAREGPT,
+        # The same chat, shorter: ShareGPT's spreads, decode speed and context cap.
+        replace(
+            _SHAREGPT,
             name="chat-short",
             description="LMSYS-Chat-1M-like chat: 2.0 turns per conversation, short answers",
             multi_turn_share=0.5,
             multi_turn_mean=3.0,
-            min_multi_turns=2,
             max_turns=100,
             question_tokens=69.5,
-            question_sigma=1.0,
             answer_tokens=214.5,
-            answer_sigma=0.7,
             system_prompts=4,
             system_tokens=600.0,
-            system_sigma=0.3,
-            system_zipf=1.0,
             think_median_s=20.0,
-            think_sigma=1.0,
-            decode_tokens_per_s=30.0,
             conversations_per_s=150.0,
-            max_context_tokens=32768,
         ),
         TraceParams(
             name="agent",

@@ -25,9 +25,9 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from ..errors import ConfigError, PluginError
+from ..errors import ConfigError
 from ..keys import OffloadKey
-from ..plugins.construct import construct
+from ..plugins.construct import construct, named_instance
 from ..plugins.registry import PluginRegistry
 
 __all__ = [
@@ -103,12 +103,4 @@ def build_router(name: str) -> Router:
     :class:`~kv_offload.errors.PluginError` naming it."""
     cls = router_registry.resolve(name)
     router = construct("router", name, cls)
-    if not isinstance(router, Router):
-        raise PluginError(
-            f"router {name!r} built a {type(router).__name__}, not a Router; subclass "
-            f"kv_offload.fleet.Router",
-            kind="router",
-            plugin=name,
-        )
-    router.plugin_name = name
-    return router
+    return named_instance("router", name, router, Router, "kv_offload.fleet.Router")
