@@ -84,9 +84,9 @@ PRELUDE = (
 import dataclasses, json, subprocess, sys
 from importlib import metadata
 from kv_offload import (
-    CachePolicyFactory, CPUOffloadingManager, ReqContext, get_offload_block_hash,
-    make_offload_key,
+    CPUOffloadingManager, ReqContext, get_offload_block_hash, make_offload_key,
 )
+from kv_offload.policies import CachePolicyFactory
 
 CTX = ReqContext(req_id="discovery")
 

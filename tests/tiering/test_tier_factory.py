@@ -380,9 +380,9 @@ CHILD = (
 import json, sys
 import numpy as np
 from kv_offload import (
-    CPUOffloadingManager, LookupResult, OffloadingConfig, ReqContext, SecondaryTierFactory,
-    TieringOffloadingManager, make_offload_key,
+    CPUOffloadingManager, LookupResult, ReqContext, TieringOffloadingManager, make_offload_key,
 )
+from kv_offload.tiering import OffloadingConfig, SecondaryTierFactory
 
 infos = [
     {"name": i.name, "distribution": i.distribution, "version": i.version, "source": i.source}
