@@ -296,10 +296,11 @@ def test_guide_toml_snippets_parse_and_validate(env: PluginEnv) -> None:
     names = " ".join(snippets)
     for _, _, name, _ in TEMPLATES.values():
         assert f'"{name}"' in names  # each template is selected by name somewhere
+    parsed = json.dumps([tomllib.loads(s) for s in snippets])  # tomllib: 3.11+ only
     described = env.run_json(
-        "import json, sys, tomllib\nfrom kv_offload import load_config\n"
-        f"snippets = {snippets!r}\n"
-        "print(json.dumps([load_config(tomllib.loads(s)).describe() for s in snippets]))"
+        "import json\nfrom kv_offload import load_config\n"
+        f"configs = json.loads({parsed!r})\n"
+        "print(json.dumps([load_config(c).describe() for c in configs]))"
     )
     assert isinstance(described, list) and len(described) == len(snippets)
     whole = described[-1]  # "All three in one stack"
