@@ -200,9 +200,11 @@ def test_resolver_errors_are_reported_not_raised(make_helper, resolver, caplog) 
 
 
 def test_shutdown_stops_the_thread_and_later_lookups_miss() -> None:
-    helper = AsyncLookup(SetResolver({key(1)}), name="test")
+    helper = AsyncLookup(SetResolver({key(1)}), name="stopped-by-shutdown")
+    running = {t.name for t in threading.enumerate()}
+    assert "kv-offload-lookup-stopped-by-shutdown" in running
     helper.shutdown()
-    assert not helper._thread.is_alive()
+    assert "kv-offload-lookup-stopped-by-shutdown" not in {t.name for t in threading.enumerate()}
     assert helper.lookup(key(1), ctx()) is False
     helper.shutdown()  # idempotent
 
