@@ -431,7 +431,7 @@ def test_full_toml_config_builds_the_whole_stack(tmp_path: Path) -> None:
         assert isinstance(manager, TieringOffloadingManager)
         assert type(manager.primary.policy).__name__ == "ARCCachePolicy"
         assert manager.kv_buffer.block_size_bytes == 4096
-        assert [tier.name for tier in manager.tiers] == ["example"]
+        assert [entry.name for entry in manager.entries] == ["example"]
         assert manager.tiers[0].capacity_blocks == 64  # type: ignore[attr-defined]
         assert manager.primary.num_free_blocks == 16
         assert manager.primary.admission is not None  # allowed with tiers

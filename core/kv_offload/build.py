@@ -16,7 +16,7 @@ from .plugins import KVOffloadPluginManager
 from .tiering import (
     OffloadingConfig,
     SecondaryTierFactory,
-    SecondaryTierManager,
+    TierEntry,
     TieringOffloadingManager,
 )
 from .tiering.names import tier_names
@@ -79,7 +79,7 @@ def _build(
         raise ConfigError("a stack with tiers needs block_size_bytes")
     offloading = OffloadingConfig(stack.num_blocks, buffer.block_size_bytes)
     names = tier_names([(tier.type, tier.name) for tier in stack.tiers])
-    tiers: list[SecondaryTierManager] = []
+    tiers: list[TierEntry] = []
     try:
         for index, tier in enumerate(stack.tiers):
             config = tier.as_factory_config()
@@ -87,13 +87,13 @@ def _build(
                 config["name"] = names[index]
             try:
                 tiers.append(
-                    SecondaryTierFactory.create_secondary_tier(config, buffer.view, offloading)
+                    SecondaryTierFactory.create_tier_entry(config, buffer.view, offloading)
                 )
             except ConfigError as exc:  # e.g. an argument value the tier rejects
                 raise tier_error(stack, index, exc) from exc
     except BaseException:
         for built in tiers:
-            built.shutdown()
+            built.tier.shutdown()
         primary.shutdown()
         raise
     limits = PromotionLimits(

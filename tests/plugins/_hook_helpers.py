@@ -16,7 +16,7 @@ from kv_offload import (
     make_offload_key,
 )
 from kv_offload.plugins import KVOffloadPluginManager
-from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig
+from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig, TierEntry
 from kv_offload.tiering.backpressure import BackpressureDetector, DropAll
 from kv_offload.tiering.cascade_gate import CascadeGate
 from kv_offload.tiering.promotions import PromotionLimits
@@ -57,7 +57,8 @@ class SwitchedPressure(BackpressureDetector):
 class ScriptedTier(ExampleSecondaryTierManager):
     """The example tier; ``fail_next_store`` / ``fail_next_load`` fail the next such job;
     ``whole`` names the requests it asks for whole (request-level offload); its cascade
-    gate drops every cascade while ``pressure.on`` is set."""
+    gate (its entry's, see :func:`make_tiered`) drops every cascade while ``pressure.on`` is
+    set."""
 
     fail_next_store = False
     fail_next_load = False
@@ -66,7 +67,6 @@ class ScriptedTier(ExampleSecondaryTierManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.pressure = SwitchedPressure()
-        self.cascade_gate = CascadeGate(self.pressure, DropAll(), 0)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext | None:
         if req_context.req_id in self.whole:
@@ -99,9 +99,15 @@ def make_tiered(
     assert primary.kv_buffer is not None
     config = OffloadingConfig(num_blocks, BLOCK)
     tiers = [tier_cls(config, primary.kv_buffer.view, name, **tier_kwargs) for name in names]
+    entries = [
+        TierEntry(tier, cascade_gate=CascadeGate(tier.pressure, DropAll(), 0))
+        if isinstance(tier, ScriptedTier)
+        else tier
+        for tier in tiers
+    ]
     # The scripts retry a failed promotion on the next lookup: no backoff to wait out.
     limits = PromotionLimits(backoff=1e-9)
-    return TieringOffloadingManager(primary, tiers, drain_timeout=5.0, promotion_limits=limits)
+    return TieringOffloadingManager(primary, entries, drain_timeout=5.0, promotion_limits=limits)
 
 
 def store(manager: Any, ctx: ReqContext, *nums: int) -> list[OffloadKey]:

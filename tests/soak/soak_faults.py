@@ -46,7 +46,7 @@ class Environment:
     state: dict[str, Any] = field(default_factory=dict)
 
     def tier(self, name: str) -> FaultyTier:
-        tier = next(t for t in self.manager.tiers if t.name == name)
+        tier = next(e.tier for e in self.manager.entries if e.name == name)
         assert isinstance(tier, FaultyTier)
         return tier
 

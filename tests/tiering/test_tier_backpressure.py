@@ -27,7 +27,7 @@ from kv_offload import (
     make_offload_key,
 )
 from kv_offload.tier_types import Locality
-from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig
+from kv_offload.tiering import JobMetadata, JobResult, OffloadingConfig, TierEntry
 from kv_offload.tiering.backpressure import (
     DEFAULT_WATER_MARKS,
     MIB,
@@ -329,8 +329,8 @@ def stack(
     primary = CPUOffloadingManager(num_blocks, block_size_bytes=BLOCK)
     assert primary.kv_buffer is not None
     tier = HeldTier(OffloadingConfig(num_blocks, BLOCK), primary.kv_buffer.view, "held")
-    tier.cascade_gate = gate
-    return TieringOffloadingManager(primary, [tier], drain_timeout=2.0), tier
+    entry = TierEntry(tier, cascade_gate=gate)
+    return TieringOffloadingManager(primary, [entry], drain_timeout=2.0), tier
 
 
 def store(m: TieringOffloadingManager, *nums: int, ctx: ReqContext = CTX) -> None:
@@ -427,8 +427,8 @@ def test_request_level_cascades_respect_backpressure() -> None:
     tier.whole = True
     ctx = ReqContext("whole")
     assert m.on_new_request(ctx).policy is OffloadPolicy.REQUEST_LEVEL
-    assert m.tiers[0].cascade_gate is not None
-    m.tiers[0].cascade_gate.detector.value = 1.0  # type: ignore[attr-defined]
+    assert m.entries[0].cascade_gate is not None
+    m.entries[0].cascade_gate.detector.value = 1.0  # type: ignore[attr-defined]
     before = len(tier)
     out = m.prepare_store([k(0), k(1), k(10)], ctx)
     assert out is not None
@@ -463,7 +463,7 @@ def test_reset_cache_clears_backpressure() -> None:
 
 def test_no_backpressure_by_default() -> None:
     m, _ = stack(None)
-    assert [tier.cascade_gate for tier in m.tiers] == [None]
+    assert [entry.cascade_gate for entry in m.entries] == [None]
 
 
 # -- config ------------------------------------------------------------------------------
@@ -491,13 +491,13 @@ def test_global_table_applies_to_every_tier_and_tiers_override_key_by_key() -> N
         )
     )
     assert isinstance(m, TieringOffloadingManager)
-    a, b, c = (tier.cascade_gate for tier in m.tiers)
+    a, b, c = (entry.cascade_gate for entry in m.entries)
     assert a is not None and b is not None and c is None
     assert (a.max_in_flight_jobs, b.max_in_flight_jobs) == (7, 7)
     assert isinstance(a.detector, EMADetector) and isinstance(b.detector, EMADetector)
     assert (a.detector.warmup, b.detector.warmup) == (3, 5)
     assert isinstance(a.policy, ThrottledDrop) and isinstance(b.policy, DropAll)
-    assert m.tiers[1].locality is Locality.REMOTE
+    assert m.entries[1].locality is Locality.REMOTE
     assert b.detector.high == DEFAULT_WATER_MARKS[Locality.REMOTE][0]
     assert a.detector.high == DEFAULT_WATER_MARKS[Locality.LOCAL][0]
     m.shutdown()
@@ -527,7 +527,7 @@ def test_toml_config_with_backpressure(tmp_path: Path) -> None:
     )
     m = build_manager(path)
     assert isinstance(m, TieringOffloadingManager)
-    gate = m.tiers[0].cascade_gate
+    gate = m.entries[0].cascade_gate
     assert gate is not None and gate.max_in_flight_jobs == 4
     assert isinstance(gate.detector, EMADetector) and gate.detector.high == 0.5
     assert gate.detector.low == DEFAULT_WATER_MARKS[Locality.REMOTE][1]

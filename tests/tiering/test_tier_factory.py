@@ -12,7 +12,14 @@ from importlib import metadata
 import numpy as np
 import pytest
 from _dists import DESCRIBE_EXCEPTION, DistSpec, ModuleFactory, PluginEnv
-from kv_offload import ConfigError, CPUKVBuffer, ReqContext, make_offload_key
+from kv_offload import (
+    ConfigError,
+    CPUKVBuffer,
+    CPUOffloadingManager,
+    ReqContext,
+    TieringOffloadingManager,
+    make_offload_key,
+)
 from kv_offload.errors import (
     DuplicateRegistrationError,
     PluginImportError,
@@ -24,10 +31,12 @@ from kv_offload.tiering import (
     TIER_ENTRY_POINT_GROUP,
     JobDirection,
     JobMetadata,
+    Locality,
     OffloadingConfig,
     SecondaryTierFactory,
     SecondaryTierManager,
 )
+from kv_offload.tiering.writes import WritePolicy
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
 CONFIG = OffloadingConfig(num_blocks=8, block_size_bytes=64)
@@ -136,7 +145,7 @@ def test_example_tier_installed_as_entry_point() -> None:
 def test_create_tier_from_registry(view: memoryview) -> None:
     tier = create({"type": "example"}, view)
     assert isinstance(tier, ExampleSecondaryTierManager)
-    assert tier.tier_type == tier.name == "example"
+    assert tier.tier_type == "example"
     assert tier.config is CONFIG
     assert tier.primary_kv_view is view
     assert tier.capacity_blocks is None
@@ -166,7 +175,7 @@ def test_tier_argument_validated_by_the_tier(view: memoryview) -> None:
 def test_register_new_tier_type(view: memoryview, register_tier: Callable[..., None]) -> None:
     register_tier("custom_tier", "kv_offload_example_tier", "ExampleSecondaryTierManager")
     tier = create({"type": "custom_tier", "capacity_blocks": 99}, view)
-    assert tier.tier_type == tier.name == "custom_tier"
+    assert tier.tier_type == "custom_tier"
     assert isinstance(tier, ExampleSecondaryTierManager)
     assert tier.capacity_blocks == 99  # type: ignore[attr-defined]
     assert "custom_tier" in runtime_names()
@@ -327,6 +336,85 @@ def test_reserved_keys_rejected(
         warnings.simplefilter("ignore", ExperimentalPluginWarning)
         with pytest.raises(ConfigError, match=f"'{reserved}' is set by kv-offload"):
             create(config, view)
+
+
+# -- the stack's settings for a tier are the manager's, never the tier's -------------------------
+
+#: A full ``[[tiers]]`` entry: every stack setting, with the tier's own argument.
+ENTRY = {
+    "type": "example",
+    "name": "hot",
+    "locality": "remote",
+    "backpressure": {"max_in_flight_jobs": 4},
+    "write_policy": "write-through-selective",
+    "admission": "store-threshold",
+    "capacity_blocks": 16,
+}
+
+
+def test_the_factory_and_the_manager_set_nothing_on_a_tier(view: memoryview) -> None:
+    entry = SecondaryTierFactory.create_tier_entry(ENTRY, view, CONFIG)
+    tier = entry.tier
+    assert isinstance(tier, ExampleSecondaryTierManager)
+    assert (entry.name, entry.locality) == ("hot", Locality.REMOTE)
+    assert entry.cascade_gate is not None and entry.cascade_gate.max_in_flight_jobs == 4
+    assert entry.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE
+    assert entry.admission is not None and entry.admission.capacity_blocks == 16
+    own = dict(vars(tier))  # what the tier's constructor set, and nothing else
+    assert set(own) == set(vars(ExampleSecondaryTierManager(CONFIG, view, "example")))
+    primary = CPUOffloadingManager(CONFIG.num_blocks, kv_buffer=CPUKVBuffer(8, 64))
+    m = TieringOffloadingManager(primary, [entry])
+    assert m.entries == (entry,) and m.tiers == [tier]
+    assert vars(tier).keys() == own.keys()
+    m.shutdown()
+
+
+@pytest.mark.parametrize(
+    "setting", ["name", "locality", "backpressure", "write_policy", "admission"]
+)
+def test_create_secondary_tier_refuses_the_stack_s_settings(view: memoryview, setting: str) -> None:
+    with pytest.raises(
+        ConfigError, match=f"'{setting}' is a setting of the stack.*create_tier_entry"
+    ):
+        create({"type": "example", setting: ENTRY[setting]}, view)
+
+
+COUNTED_ADMISSION = """
+from kv_offload.admission import AdmissionPolicy
+
+
+class Counted(AdmissionPolicy):
+    built = 0
+
+    def __init__(self, *, capacity_blocks=None):
+        super().__init__(capacity_blocks=capacity_blocks)
+        type(self).built += 1
+
+    def admit(self, keys, req_context):
+        return [True for _ in keys]
+"""
+
+
+def test_the_gate_and_the_admission_are_built_once(
+    view: memoryview, make_module: ModuleFactory
+) -> None:
+    module = make_module(COUNTED_ADMISSION, prefix="kvo_counted_admission")
+    config = {"type": "example", "admission": "Counted", "admission_module_path": module}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalPluginWarning)
+        entry = SecondaryTierFactory.create_tier_entry(config, view, CONFIG)
+    assert type(entry.admission).built == 1  # type: ignore[attr-defined]
+    entry.tier.shutdown()
+
+
+def test_a_bad_setting_builds_no_tier(view: memoryview, tiers_module: str) -> None:
+    """The gate and the admission are built (once) before the tier: a bad one constructs
+    nothing that would have to be shut down."""
+    config = {"type": "NeedsUrl", "module_path": tiers_module, "write_policy": "sometimes"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalPluginWarning)
+        with pytest.raises(ConfigError, match="write_policy must be one of"):
+            SecondaryTierFactory.create_tier_entry(config, view, CONFIG)  # no url: not built
 
 
 # -- a third-party tier distribution, installed for real ----------------------------------------

@@ -29,7 +29,7 @@ from kv_offload import (
     TieringOffloadingManager,
 )
 from kv_offload.buffer import CPUKVBuffer
-from kv_offload.tiering import OffloadingConfig
+from kv_offload.tiering import OffloadingConfig, TierEntry
 from kv_offload.tiering.writes import WritePolicy
 from kv_offload_faulty_tier import FaultyTier
 
@@ -101,10 +101,12 @@ def build(
         faulty_tier(config, buffer.view, name, inner, seed=seed * 31 + i, **args)
         for i, (name, args, inner) in enumerate(TIERS)
     ]
-    for tier in tiers:
-        if tier.name in write_back:
-            tier.write_policy = WritePolicy.WRITE_BACK
-    return TieringOffloadingManager(primary, tiers, drain_timeout=5.0), tiers
+    back, through = WritePolicy.WRITE_BACK, WritePolicy.WRITE_THROUGH
+    entries = [
+        TierEntry(tier, write_policy=back if tier.tier_type in write_back else through)
+        for tier in tiers
+    ]
+    return TieringOffloadingManager(primary, entries, drain_timeout=5.0), tiers
 
 
 def run(
@@ -248,9 +250,9 @@ def check_all_bytes(m: TieringOffloadingManager, tiers: list[FaultyTier], keys: 
     for tier in tiers:
         blocks = held_blocks(tier)
         held = list(blocks)
-        assert held, f"tier {tier.name} holds nothing"
+        assert held, f"tier {tier.tier_type} holds nothing"
         rows = np.stack([blocks[k] for k in held])
-        np.testing.assert_array_equal(rows, expect(held), err_msg=f"bytes in tier {tier.name}")
+        np.testing.assert_array_equal(rows, expect(held), err_msg=f"bytes in tier {tier.tier_type}")
 
 
 @pytest.mark.parametrize(
@@ -275,18 +277,18 @@ def test_thousands_of_requests_with_faulty_tiers(seed: int, policy: str) -> None
     assert report.max_request_wait <= 150
     for tier, tier_stats in zip(tiers, stats.tiers):
         c = tier.counters
-        assert c.failed > 0 and c.torn_loads > 0, tier.name
-        assert tier_stats.failed_promotions > 0 and tier_stats.failed_cascades > 0, tier.name
-        assert tier_stats.promoted_blocks > 0 and tier_stats.cascaded_blocks > 0, tier.name
+        assert c.failed > 0 and c.torn_loads > 0, tier.tier_type
+        assert tier_stats.failed_promotions > 0 and tier_stats.failed_cascades > 0, tier.tier_type
+        assert tier_stats.promoted_blocks > 0 and tier_stats.cascaded_blocks > 0, tier.tier_type
         if tier.plan.delay_polls:
-            assert c.delayed > 0, tier.name
+            assert c.delayed > 0, tier.tier_type
         if tier.plan.raise_rate:
-            assert c.raised > 0, tier.name
+            assert c.raised > 0, tier.tier_type
         # Every accepted job reported exactly once, and the manager counted each block the
         # tier moved; a raise failed its job right away (counted by the manager, not moved).
-        assert c.released == c.submitted, tier.name
-        assert c.stored_blocks == tier_stats.cascaded_blocks, tier.name
-        assert c.loaded_blocks == tier_stats.promoted_blocks, tier.name
+        assert c.released == c.submitted, tier.tier_type
+        assert c.stored_blocks == tier_stats.cascaded_blocks, tier.tier_type
+        assert c.loaded_blocks == tier_stats.promoted_blocks, tier.tier_type
         assert tier.in_flight == 0 and not tier._storing
     assert sum(t.counters.raised for t in tiers) > 100
     m.shutdown()
@@ -308,10 +310,10 @@ def test_write_back_tiers_under_faults_lose_and_corrupt_nothing(
     assert report.max_pending_age <= PENDING_BOUND
     for tier, tier_stats in zip(tiers, stats.tiers):
         c = tier.counters
-        assert c.released == c.submitted, tier.name
-        assert c.stored_blocks == tier_stats.cascaded_blocks, tier.name
-        assert tier_stats.cascaded_blocks > 100, tier.name
-        if tier.name in write_back:
+        assert c.released == c.submitted, tier.tier_type
+        assert c.stored_blocks == tier_stats.cascaded_blocks, tier.tier_type
+        assert tier_stats.cascaded_blocks > 100, tier.tier_type
+        if tier.tier_type in write_back:
             assert tier_stats.write_policy == "write-back"
             # Fewer writes than stores: only evicted, engine-stored blocks are written.
             assert tier_stats.cascaded_blocks + tier_stats.failed_cascades < stats.cpu.stored_blocks

@@ -11,9 +11,16 @@ from typing import Any
 
 import pytest
 from _tiers import expected_rows, key
-from kv_offload import ConfigError, ReqContext, TieringOffloadingManager, build_manager, load_config
+from kv_offload import (
+    ConfigError,
+    CPUOffloadingManager,
+    ReqContext,
+    TieringOffloadingManager,
+    build_manager,
+    load_config,
+)
 from kv_offload.plugins import create_plugin_manager, hookimpl
-from kv_offload.tiering import OffloadingConfig, SecondaryTierFactory
+from kv_offload.tiering import OffloadingConfig, SecondaryTierFactory, TierEntry
 from kv_offload.tiering.names import tier_names
 from kv_offload_example_tier import ExampleSecondaryTierManager
 
@@ -100,7 +107,7 @@ def test_two_tiers_of_one_type_in_stats_events_and_hooks() -> None:
     pm = create_plugin_manager(autoload=False, plugins=[recorder])
     m = build_manager(config({"type": "example"}, {"type": "example"}), plugin_manager=pm)
     assert isinstance(m, TieringOffloadingManager)
-    assert [tier.name for tier in m.tiers] == ["1:example", "2:example"]
+    assert [entry.name for entry in m.entries] == ["1:example", "2:example"]
     ctx = ReqContext("r")
     out = m.prepare_store([key(0)], ctx)
     assert out is not None
@@ -117,30 +124,41 @@ def test_two_tiers_of_one_type_in_stats_events_and_hooks() -> None:
 def test_explicit_names_reach_the_tiers() -> None:
     m = build_manager(config({"type": "example", "name": "hot"}, {"type": "example"}))
     assert isinstance(m, TieringOffloadingManager)
-    assert [tier.name for tier in m.tiers] == ["hot", "example"]
+    assert [entry.name for entry in m.entries] == ["hot", "example"]
+    assert [entry.tier for entry in m.entries] == m.tiers
     m.shutdown()
 
 
-def test_name_is_settable_and_defaults_to_the_type() -> None:
-    view = memoryview(bytearray(4 * BLOCK)).cast("B", (4, BLOCK))
-    tier = ExampleSecondaryTierManager(OffloadingConfig(4, BLOCK), view, "example")
-    assert tier.name == "example"
-    tier.name = "renamed"
-    assert tier.name == "renamed"
+def test_a_tier_built_in_code_is_called_by_its_type_unless_its_entry_names_it() -> None:
+    primary = CPUOffloadingManager(4, block_size_bytes=BLOCK)
+    assert primary.kv_buffer is not None
+    view, config = primary.kv_buffer.view, OffloadingConfig(4, BLOCK)
+    plain = ExampleSecondaryTierManager(config, view, "example")
+    named = ExampleSecondaryTierManager(config, view, "example")
+    m = TieringOffloadingManager(primary, [plain, TierEntry(named, name="renamed")])
+    assert [entry.name for entry in m.entries] == ["example", "renamed"]
+    assert [t.name for t in m.tier_stats()] == ["example", "renamed"]
+    assert "name" not in vars(named) and "_name" not in vars(named)  # the stack's, not its
+    m.shutdown()
 
 
 class FixedName(ExampleSecondaryTierManager):
+    """A tier with an attribute of its own called ``name``: the stack neither reads nor
+    overwrites it."""
+
     @property
     def name(self) -> str:
         return "fixed"
 
 
-def test_a_read_only_name_cannot_be_renamed(tmp_path: Path) -> None:
+def test_a_tier_s_own_name_attribute_is_left_alone(tmp_path: Path) -> None:
     SecondaryTierFactory.register_tier("fixed", __name__, "FixedName")
     try:
-        assert build_manager(config({"type": "fixed"})).tier_stats()[0].name == "fixed"
-        with pytest.raises(ConfigError, match="read-only name 'fixed'"):
-            build_manager(config({"type": "fixed", "name": "other"}))
+        m = build_manager(config({"type": "fixed", "name": "other"}))
+        assert isinstance(m, TieringOffloadingManager)
+        assert m.tier_stats()[0].name == "other"
+        assert m.tiers[0].name == "fixed"  # type: ignore[attr-defined]
+        m.shutdown()
     finally:
         SecondaryTierFactory.unregister_tier("fixed")
 

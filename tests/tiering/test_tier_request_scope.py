@@ -33,6 +33,7 @@ from kv_offload.tiering import (
     Medium,
     OffloadingConfig,
     SecondaryTierManager,
+    TierEntry,
     TierMatcher,
 )
 
@@ -65,15 +66,16 @@ class WholeTier(RecordingTier):
 
 
 def stack(
-    num_blocks: int = 6, names: tuple[str, ...] = ("t1", "t2")
+    num_blocks: int = 6,
+    names: tuple[str, ...] = ("t1", "t2"),
+    locality: Locality | None = None,
 ) -> tuple[TieringOffloadingManager, list[WholeTier]]:
     primary = CPUOffloadingManager(num_blocks, block_size_bytes=BLOCK)
     assert primary.kv_buffer is not None
     config = OffloadingConfig(num_blocks, BLOCK)
     tiers = [WholeTier(config, primary.kv_buffer.view, "example") for _ in names]
-    for tier, name in zip(tiers, names):
-        tier.name = name
-    return TieringOffloadingManager(primary, tiers, drain_timeout=2.0), tiers
+    entries = [TierEntry(tier, name, locality) for tier, name in zip(tiers, names)]
+    return TieringOffloadingManager(primary, entries, drain_timeout=2.0), tiers
 
 
 def store(m: TieringOffloadingManager, ctx: ReqContext, *nums: int) -> None:
@@ -95,7 +97,7 @@ def test_on_new_request_lifecycle() -> None:
     t1.whole.add("whole")
     ctx = ReqContext("whole")
     assert m.on_new_request(ctx).policy is OffloadPolicy.REQUEST_LEVEL
-    assert m.whole_requests() == {"whole": ([m.tiers[0].name], [])}
+    assert m.whole_requests() == {"whole": ([m.entries[0].name], [])}
     m.on_request_finished(ctx)
     assert m.whole_requests() == {}
     # The CPU manager alone has no tiers to ask.
@@ -177,9 +179,11 @@ def test_block_being_promoted_is_parked_then_cascaded_when_it_lands() -> None:
 # -- tier filters and locality ---------------------------------------------------------------
 
 
-def two_holders() -> tuple[TieringOffloadingManager, list[WholeTier]]:
+def two_holders(
+    locality: Locality | None = None,
+) -> tuple[TieringOffloadingManager, list[WholeTier]]:
     """Block 0 in the CPU tier, block 1 only in t1."""
-    m, tiers = stack()
+    m, tiers = stack(locality=locality)
     m.on_new_request(CTX)
     store(m, CTX, 1)
     m.on_schedule_end()
@@ -212,9 +216,7 @@ class CountingLookups:
     ids=["non_matching_medium", "empty_no_load", "no_names", "remote_only"],
 )
 def test_filter_skips_tiers_it_excludes(tier_filter: TierFilter) -> None:
-    m, (t1, t2) = two_holders()
-    for tier in (t1, t2):
-        tier.locality = Locality.LOCAL
+    m, (t1, _) = two_holders(Locality.LOCAL)
     counted = CountingLookups(t1)
     ctx = ReqContext("f", load_tier_filter=tier_filter)
     assert m.lookup(k(0), ctx) is HIT
@@ -263,9 +265,9 @@ def test_remote_locality_from_config_and_filter() -> None:
         }
     )
     assert isinstance(m, TieringOffloadingManager)
-    near, far = m.tiers
+    near, far = m.entries
     assert near.locality is None and far.locality is Locality.REMOTE
-    assert near.medium is Medium.CPU
+    assert near.tier.medium is Medium.CPU
     local_only = TierFilter(matchers=(TierMatcher(locality=Locality.LOCAL),))
     assert m.tiers_allowed(local_only) == [near.name]  # None (unknown) matches, REMOTE not
     m.shutdown()

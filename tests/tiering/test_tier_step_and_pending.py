@@ -32,12 +32,12 @@ class StepTier(RecordingTier):
         self.raise_on_step = False
 
     def on_schedule_end(self) -> None:
-        self.log.append(f"{self.name}.on_schedule_end")
+        self.log.append(f"{self.tier_type}.on_schedule_end")
         if self.raise_on_step:
             raise RuntimeError("step failed")
 
     def submit_load(self, job: JobMetadata) -> None:
-        self.log.append(f"{self.name}.submit_load")
+        self.log.append(f"{self.tier_type}.submit_load")
         super().submit_load(job)
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:

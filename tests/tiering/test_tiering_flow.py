@@ -25,7 +25,13 @@ from kv_offload import (
     TieringOffloadingManager,
 )
 from kv_offload.errors import KeyStateError
-from kv_offload.tiering import JobDirection, JobMetadata, OffloadingConfig, SecondaryTierFactory
+from kv_offload.tiering import (
+    JobDirection,
+    JobMetadata,
+    OffloadingConfig,
+    SecondaryTierFactory,
+    TierEntry,
+)
 from kv_offload_example_tier import ExampleSecondaryTierManager
 from kv_offload_faulty_tier import InjectedFault
 
@@ -153,7 +159,7 @@ def test_round_trip_through_two_tiers(register_tier: Callable[..., None]) -> Non
         {"type": "example", "capacity_blocks": 8}, view, config
     )
     big = SecondaryTierFactory.create_secondary_tier({"type": "example-big"}, view, config)
-    assert (small.name, big.name) == ("example", "example-big")
+    assert (small.tier_type, big.tier_type) == ("example", "example-big")
     assert type(big) is ExampleSecondaryTierManager
     m = TieringOffloadingManager(primary, [small, big])
     ctx = ReqContext("r")
@@ -206,10 +212,9 @@ def test_two_tiers_subclassed_names() -> None:
     other = TieringOffloadingManager(
         primary, [second, ExampleSecondaryTierManager(config, view, "slow")]
     )
-    assert [t.name for t in other.tiers] == ["1:slow", "2:slow"]
-    named = ExampleSecondaryTierManager(config, view, "example")
-    named.name = "x"  # a given name that an unnamed tier's type also gives
-    with pytest.raises(ConfigError, match="give each"):
+    assert [entry.name for entry in other.entries] == ["1:slow", "2:slow"]
+    named = TierEntry(ExampleSecondaryTierManager(config, view, "example"), name="x")
+    with pytest.raises(ConfigError, match="give each"):  # a name an unnamed tier's type gives
         TieringOffloadingManager(primary, [named, ExampleSecondaryTierManager(config, view, "x")])
 
 
@@ -390,7 +395,7 @@ def test_promotions_batched_per_tier_and_request() -> None:
         ("c", keys(13)),
     ]
     m.on_schedule_end()
-    jobs = {(tier.name, j.req_id): j for tier in (t0, t1) for j in tier.loads()}
+    jobs = {(tier.tier_type, j.req_id): j for tier in (t0, t1) for j in tier.loads()}
     assert sorted(jobs) == [
         ("t0", "a"),
         ("t0", "b"),

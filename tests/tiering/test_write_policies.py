@@ -186,7 +186,7 @@ def test_reset_and_shutdown_wait_for_write_backs() -> None:
 
 def test_write_back_needs_staging_rows_when_built_by_hand() -> None:
     from kv_offload import CPUOffloadingManager
-    from kv_offload.tiering import OffloadingConfig
+    from kv_offload.tiering import OffloadingConfig, TierEntry
     from kv_offload.tiering.writes import WritePolicy
     from kv_offload_example_tier import ExampleSecondaryTierManager
 
@@ -195,9 +195,8 @@ def test_write_back_needs_staging_rows_when_built_by_hand() -> None:
     tier = ExampleSecondaryTierManager(
         OffloadingConfig(4, BLOCK), primary.kv_buffer.view, "example"
     )
-    tier.write_policy = WritePolicy.WRITE_BACK
     with pytest.raises(ConfigError, match=r"write-back.*staging rows.*build_manager"):
-        TieringOffloadingManager(primary, [tier])
+        TieringOffloadingManager(primary, [TierEntry(tier, write_policy=WritePolicy.WRITE_BACK)])
 
 
 # -- write-through-selective and admission -------------------------------------------------------
@@ -271,7 +270,7 @@ def test_an_admission_chooses_which_blocks_a_tier_writes(make_module: ModuleFact
     m.drain()
     stats = m.tier_stats()[0]
     assert (stats.cascaded_blocks, stats.refused_blocks, stats.admission) == (2, 2, "EvenOnly")
-    admission = m.tiers[0].admission
+    admission = m.entries[0].admission
     read(m, 0, "r0")
     assert admission.looked_up == [key(0)]  # type: ignore[union-attr]
     assert "r0" in admission.finished  # type: ignore[union-attr]

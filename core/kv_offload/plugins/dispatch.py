@@ -29,7 +29,7 @@ from typing import Any
 
 import pluggy
 
-from ..errors import HookError
+from ..errors import HookError, PluginError
 from ..keys import is_offload_key
 from .loading import HOOK_NAMES, KVOffloadPluginManager
 
@@ -194,13 +194,14 @@ class HookCallers:
 
 
 class HookErrorLog:
-    """The event-hook error rule: keep hook errors while a manager call finishes its work,
-    then raise the first one (the call's effect stands; ``result`` holds its return value)."""
+    """The error channel of one manager call: keep the errors of the hooks and plugins whose
+    call took effect while the manager call finishes its work, then raise the first one (the
+    call's effect stands; a :class:`HookError`'s ``result`` holds its return value)."""
 
     __slots__ = ("pending",)
 
     def __init__(self) -> None:
-        self.pending: list[HookError] = []
+        self.pending: list[PluginError] = []
 
     def fire(self, hook: Dispatch | None, **kwargs: Any) -> None:
         """Run an event hook (``None``: nobody implements it); keep its error for later."""
@@ -219,11 +220,17 @@ class HookErrorLog:
             self.pending.append(exc)
             return exc.result
 
+    def keep(self, error: PluginError) -> None:
+        """Keep a plugin's error found during the call (say an admission that broke its
+        contract: its blocks were not admitted), raised with the others when the call ends."""
+        self.pending.append(error)
+
     def raise_pending(self, result: object = None) -> None:
-        """Raise the first kept error, if any, with ``result`` attached; forget the rest."""
+        """Raise the first kept error, if any (a hook's with ``result`` attached); forget the
+        rest."""
         if self.pending:
             first = self.pending[0]
             self.pending = []
-            if result is not None:
+            if result is not None and isinstance(first, HookError):
                 first.result = result
             raise first

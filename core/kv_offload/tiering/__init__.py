@@ -1,6 +1,9 @@
 """Secondary tiers: the tier plugin interface (``base``), name resolution (``factory``), the
 tiered manager (``manager``), its jobs in flight (``jobs``) and counters (``stats``).
 
+Each tier's settings in the stack (name, locality, cascade gate, write policy, admission)
+are the manager's record of it (``record``), never attributes of the plugin.
+
 ``__all__`` is the tier author's API (docs/plugin-guide.md, "Plugin-author API"): what a
 tier plugin imports, and the tiered manager and its statistics."""
 
@@ -11,6 +14,7 @@ from ..tier_types import Locality, Medium, TierMatcher
 from .base import JobDirection, JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
 from .factory import TIER_ENTRY_POINT_GROUP, SecondaryTierFactory
 from .manager import TieringOffloadingManager
+from .record import TierEntry
 from .stats import TieringStats, TierStats
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "SecondaryTierFactory",
     "SecondaryTierManager",
     "TIER_ENTRY_POINT_GROUP",
+    "TierEntry",
     "TieringOffloadingManager",
     "TieringStats",
     "TierStats",

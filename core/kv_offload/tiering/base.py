@@ -13,19 +13,14 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ..keys import OffloadKey
-from ..tier_types import Locality, Medium, RequestOffloadingContext
+from ..tier_types import Medium, RequestOffloadingContext
 from ..types import ReqContext
-from .writes import WritePolicy
-
-if TYPE_CHECKING:
-    from ..admission import AdmissionPolicy
-    from .cascade_gate import CascadeGate
 
 __all__ = [
     "JobDirection",
@@ -91,27 +86,27 @@ class JobResult:
 
 
 class SecondaryTierManager(ABC):
-    """Base class of tier plugins (entry-point group ``kv_offload.tiers``).
+    """Base class of tier plugins (entry-point group ``kv_offload.tiers``), vLLM's shape.
 
-    The factory constructs a tier as ``cls(config, primary_kv_view, tier_type, **arguments)``
-    where ``arguments`` are the tier's own config keys. ``primary_kv_view`` is a writable
-    memoryview of the CPU KV buffer, shape ``(num_blocks, block_size_bytes)``; wrap it with
-    ``numpy.asarray`` to copy rows.
+    A tier implements :meth:`lookup`, :meth:`submit_store`, :meth:`submit_load` and
+    :meth:`get_finished`; every other method here is optional, with a default that does
+    nothing (documented on each). The factory constructs a tier as
+    ``cls(config, primary_kv_view, tier_type, **arguments)`` where ``arguments`` are the
+    tier's own config keys, and never sets anything on it afterwards. ``primary_kv_view`` is a
+    writable memoryview of the CPU KV buffer, shape ``(num_blocks, block_size_bytes)``; wrap
+    it with ``numpy.asarray`` to copy rows.
 
-    ``medium`` (a class attribute) and ``locality`` (set from the ``[[tiers]]`` key of that
-    name) describe the tier for per-request tier filters and the backpressure defaults;
-    ``None`` means unknown (a filter's matcher then matches it). ``cascade_gate`` is set by
-    the factory from the tier's ``backpressure`` table (``None``: cascades never dropped).
+    What the stack decides about a tier is the tiered manager's, not the tier's: its name,
+    ``locality``, cascade gate (``backpressure``), ``write_policy`` and ``admission`` come
+    from its ``[[tiers]]`` entry (or a :class:`~kv_offload.tiering.TierEntry` in code) and
+    live in the manager's record of the tier. A tier knows its ``tier_type``; log with it.
 
-    ``shared_across_engines`` (a class attribute) says whether every engine built from the
-    same config reaches the same blocks (a server such as Redis) rather than a store private
-    to its process (its memory, a directory it manages alone): a fleet replay shares the
-    former between its engines and gives each engine its own of the latter.
-
-    ``write_policy`` and ``admission`` are set by the factory from the tier's keys of those
-    names (:mod:`kv_offload.tiering.writes`): when the tier is written, and which blocks.
-    ``capacity_blocks`` (set it in ``__init__`` when the tier knows it) is handed to the
-    tier's admission, which may keep a shadow of the tier's contents.
+    Two class attributes describe the tier: ``medium`` (for per-request tier filters;
+    ``None``, unknown, is matched by every matcher) and ``shared_across_engines``, whether
+    every engine built from the same config reaches the same blocks (a server such as Redis)
+    rather than a store private to its process (its memory, a directory it manages alone): a
+    fleet replay shares the former between its engines and gives each engine its own of the
+    latter.
 
     A job's ``block_ids`` are rows of ``primary_kv_view``; a write-back tier's store jobs may
     name rows past the CPU tier's ``num_blocks`` (staging rows of evicted blocks), so index
@@ -120,11 +115,6 @@ class SecondaryTierManager(ABC):
 
     medium: ClassVar[Medium | None] = None
     shared_across_engines: ClassVar[bool] = False
-    locality: Locality | None = None
-    cascade_gate: CascadeGate | None = None
-    write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
-    admission: AdmissionPolicy | None = None
-    capacity_blocks: int | None = None
 
     def __init__(
         self, config: OffloadingConfig, primary_kv_view: memoryview, tier_type: str
@@ -132,17 +122,6 @@ class SecondaryTierManager(ABC):
         self.config = config
         self.primary_kv_view = primary_kv_view
         self.tier_type = tier_type
-
-    @property
-    def name(self) -> str:
-        """How events, hooks, stats and ``kv-offload replay`` name this tier: the config's
-        ``name`` (set by the factory) or, by default, the tier type."""
-        name: str | None = getattr(self, "_name", None)
-        return name or self.tier_type
-
-    @name.setter
-    def name(self, value: str) -> None:
-        self._name = value
 
     @classmethod  # noqa: B027 - an optional hook, not an abstract method
     def validate_arguments(cls, **arguments: Any) -> None:

@@ -27,21 +27,17 @@ The detector's defaults depend on the tier's ``locality``; see
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from ..errors import ConfigError, KVOffloadError
 from ..tier_types import Locality
 from .backpressure import BackpressureDetector, DropPolicy, detector_registry, drop_policy_registry
 
-if TYPE_CHECKING:
-    from .base import SecondaryTierManager
-
 __all__ = [
     "CascadeGate",
     "DEFAULT_MAX_IN_FLIGHT_JOBS",
     "build_gate",
-    "gate_ungated",
     "merged_table",
 ]
 
@@ -106,15 +102,6 @@ def merged_table(
     if default is None:
         return None if own is None else dict(own)
     return {**default, **(own or {})}
-
-
-def gate_ungated(tiers: Iterable[SecondaryTierManager], default: Mapping[str, Any]) -> None:
-    """Give every tier built without a cascade gate the gate the ``default`` table describes
-    (a manager's ``backpressure=`` argument: the global table for tiers built in code)."""
-    for tier in tiers:
-        if tier.cascade_gate is None:
-            locality = tier.locality or Locality.LOCAL
-            tier.cascade_gate = build_gate(merged_table(default, None), tier.name, locality)
 
 
 def build_gate(

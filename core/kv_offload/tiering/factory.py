@@ -1,11 +1,15 @@
 """Build secondary tiers from config dicts (vLLM's ``SecondaryTierFactory`` interface).
 
 ``config["type"]`` names the tier and resolves like a policy name (runtime registration, then
-``kv_offload.tiers`` entry points, then ``config["module_path"]``). ``module_path`` is only a
-loading hint and ``name`` sets the tier's :attr:`~SecondaryTierManager.name` after
-construction (see :mod:`kv_offload.tiering.names`); ``locality`` sets its
-:attr:`~SecondaryTierManager.locality` and ``backpressure`` its cascade gate (see
-:mod:`kv_offload.tiering.cascade_gate`). Every other key is a constructor argument of the tier.
+``kv_offload.tiers`` entry points, then ``config["module_path"]``); ``module_path`` is only a
+loading hint. Every key but the stack's settings is a constructor argument of the tier.
+
+The stack's settings for a tier (``name``: :mod:`kv_offload.tiering.names`; ``locality``;
+``backpressure``, its cascade gate: :mod:`kv_offload.tiering.cascade_gate`; ``write_policy``
+and ``admission*``: :mod:`kv_offload.tiering.writes`) are the tiered manager's: they go into
+the :class:`~kv_offload.tiering.TierEntry` that :meth:`SecondaryTierFactory.create_tier_entry`
+returns, never onto the tier. :meth:`SecondaryTierFactory.create_secondary_tier` (vLLM's call)
+constructs the tier alone.
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ from ..plugins.registry import PluginInfo, PluginRegistry
 from ..tier_types import Locality
 from .base import OffloadingConfig, SecondaryTierManager
 from .cascade_gate import build_gate
+from .record import TierEntry
 from .writes import WritePolicy, parse_write_policy
 
 __all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_arguments"]
 
 TIER_ENTRY_POINT_GROUP = "kv_offload.tiers"
 _RESERVED = ("config", "primary_kv_view", "tier_type")
-#: Of a tier config's kv-offload keys, the ones a config passes along with its arguments.
-_CORE_ARGUMENTS = (
+#: A tier config's keys that are the stack's settings for the tier (the tiered manager's
+#: record of it), not constructor arguments; ``name`` is one too.
+_SETTINGS = (
     "locality",
     "backpressure",
     "write_policy",
@@ -40,7 +46,8 @@ _CORE_ARGUMENTS = (
     "admission_module_path",
 )
 #: Keys of a tier config that are kv-offload's, not constructor arguments.
-_NOT_ARGUMENTS = ("type", "module_path", "name", *_CORE_ARGUMENTS)
+_STACK_KEYS = frozenset(("name", *_SETTINGS))
+_NOT_ARGUMENTS = frozenset(("type", "module_path", *_STACK_KEYS))
 
 _registry: PluginRegistry[SecondaryTierManager] = PluginRegistry(
     "tier",
@@ -94,41 +101,72 @@ class SecondaryTierFactory:
         primary_kv_view: memoryview,
         offloading_config: OffloadingConfig,
     ) -> SecondaryTierManager:
-        """Resolve ``config["type"]`` and construct it with the remaining keys."""
+        """The tier ``config["type"]`` names, constructed with the config's other keys (vLLM's
+        call). The stack's settings (``name``, ``locality``, ``backpressure``,
+        ``write_policy``, ``admission*``) are the tiered manager's, not the tier's: a config
+        holding one is refused; build it with :meth:`create_tier_entry`."""
         tier_type = _tier_type(config)
+        settings = sorted(k for k in config if k in _STACK_KEYS)
+        if settings:
+            raise ConfigError(
+                f"tier {tier_type!r}: {', '.join(map(repr, settings))} "
+                f"{'is a setting' if len(settings) == 1 else 'are settings'} of the stack, "
+                f"kept by the tiered manager, not constructor arguments; build the tier with "
+                f"SecondaryTierFactory.create_tier_entry (or build_manager)",
+                key=settings[0],
+            )
+        return cls._construct(tier_type, config, primary_kv_view, offloading_config)
+
+    @classmethod
+    def create_tier_entry(
+        cls,
+        config: Mapping[str, Any],
+        primary_kv_view: memoryview,
+        offloading_config: OffloadingConfig,
+    ) -> TierEntry:
+        """A ``[[tiers]]`` entry as a config dict -> the tier and the stack's settings for it,
+        for :class:`~kv_offload.tiering.TieringOffloadingManager`. The settings (cascade
+        gate, write policy, admission: each built once) are checked before the tier is
+        constructed, so a bad one allocates nothing."""
+        tier_type = _tier_type(config)
+        name = config.get("name")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ConfigError(
+                f"tier {tier_type!r}: 'name' must be a non-empty string, got {name!r}",
+                key="name",
+            )
+        label = name or tier_type
+        locality = None
+        if config.get("locality") is not None:
+            locality = _locality(label, config["locality"])
+        gate = build_gate(config.get("backpressure"), label, locality or Locality.LOCAL)
+        capacity = config.get("capacity_blocks")
+        policy, admission = _writes(label, config, capacity if type(capacity) is int else None)
+        tier = cls._construct(tier_type, config, primary_kv_view, offloading_config)
+        return TierEntry(tier, name, locality, gate, policy, admission)
+
+    @classmethod
+    def _construct(
+        cls,
+        tier_type: str,
+        config: Mapping[str, Any],
+        primary_kv_view: memoryview,
+        offloading_config: OffloadingConfig,
+    ) -> SecondaryTierManager:
         tier_cls = cls.get_tier_class(config)
         arguments = {k: v for k, v in config.items() if k not in _NOT_ARGUMENTS}
-        check_tier_arguments(tier_type, tier_cls, arguments)
-        tier = construct(
+        _check_constructor_arguments(tier_type, tier_cls, arguments)
+        return construct(
             "tier", tier_type, tier_cls, offloading_config, primary_kv_view, tier_type, **arguments
         )
-        name = config.get("name")
-        if name is not None and name != tier.name:
-            _set_name(tier, tier_type, name)
-        try:
-            _set_core_arguments(tier, config)
-        except BaseException:
-            tier.shutdown()
-            raise
-        return tier
-
-
-def _set_core_arguments(tier: SecondaryTierManager, config: Mapping[str, Any]) -> None:
-    if config.get("locality") is not None:
-        tier.locality = _locality(tier.tier_type, config["locality"])
-    tier.cascade_gate = build_gate(
-        config.get("backpressure"), tier.name, tier.locality or Locality.LOCAL
-    )
-    tier.write_policy, tier.admission = _writes(
-        tier.name, config, getattr(tier, "capacity_blocks", None)
-    )
 
 
 def _writes(
     tier: str, config: Mapping[str, Any], capacity_blocks: int | None
 ) -> tuple[WritePolicy, AdmissionPolicy | None]:
     """The tier's write policy and admission from its ``write_policy`` and ``admission*``
-    keys (:mod:`kv_offload.tiering.writes`); bad values are a ``ConfigError`` naming the key."""
+    keys (:mod:`kv_offload.tiering.writes`); bad values are a ``ConfigError`` naming the key.
+    An admission sized by the tier's capacity gets the tier's ``capacity_blocks`` argument."""
     name = config.get("admission")
     options = config.get("admission_options")
     if "write_policy" not in config and name is None and options is None:
@@ -149,41 +187,34 @@ def _writes(
     return policy, admission
 
 
-def _locality(tier_type: str, value: object) -> Locality:
+def _locality(tier: str, value: object) -> Locality:
     try:
-        return Locality.parse(value, f"tier {tier_type!r}")
+        return Locality.parse(value, f"tier {tier!r}")
     except InvalidArgumentError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _set_name(tier: SecondaryTierManager, tier_type: str, name: object) -> None:
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"tier {tier_type!r}: 'name' must be a non-empty string, got {name!r}")
-    try:
-        tier.name = name
-    except AttributeError:
-        cls = type(tier)
-        raise ConfigError(
-            f"tier {tier_type!r} ({cls.__module__}.{cls.__qualname__}) defines a read-only "
-            f"name {tier.name!r} and cannot be called {name!r}; drop its 'name' key (or do "
-            f"not repeat the type)"
-        ) from None
 
 
 def check_tier_arguments(
     tier_type: str, tier_cls: type[SecondaryTierManager], arguments: Mapping[str, Any]
 ) -> None:
-    """Reject config keys the tier's constructor does not take, naming tier and key."""
-    parameters = inspect.signature(tier_cls.__init__).parameters
+    """Config validation of a ``[[tiers]]`` entry's keys (its stack settings and its
+    constructor arguments), naming tier and key; nothing is kept."""
     locality = Locality.LOCAL
     if arguments.get("locality") is not None:
         locality = _locality(tier_type, arguments["locality"])
     build_gate(arguments.get("backpressure"), tier_type, locality)  # names and values
-    # Write policy, admission name and options; an admission sized by the tier's capacity
-    # is built with the capacity the tier is configured with, as the built stack does.
     capacity = arguments.get("capacity_blocks")
-    _writes(tier_type, arguments, capacity if isinstance(capacity, int) else None)
-    arguments = {k: v for k, v in arguments.items() if k not in _CORE_ARGUMENTS}
+    _writes(tier_type, arguments, capacity if type(capacity) is int else None)
+    _check_constructor_arguments(
+        tier_type, tier_cls, {k: v for k, v in arguments.items() if k not in _STACK_KEYS}
+    )
+
+
+def _check_constructor_arguments(
+    tier_type: str, tier_cls: type[SecondaryTierManager], arguments: Mapping[str, Any]
+) -> None:
+    """Reject config keys the tier's constructor does not take, naming tier and key."""
+    parameters = inspect.signature(tier_cls.__init__).parameters
     for key in arguments:
         if key in _RESERVED:
             raise ConfigError(

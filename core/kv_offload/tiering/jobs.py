@@ -29,25 +29,24 @@ import numpy as np
 from ..errors import ManagerError, PluginError
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookCallers, HookErrorLog
-from ..types import LookupResult, ReqContext
-from .base import JobDirection, JobMetadata, JobResult, SecondaryTierManager
+from ..types import ReqContext
+from .base import JobDirection, JobMetadata, JobResult
 from .faults import FaultReporter
 from .promotions import PromotionLimits, Promotions
+from .record import TierRecord
 from .stats import TierStats
 
 __all__ = ["Finished", "JobTable"]
 
 logger = logging.getLogger("kv_offload.tiering")
 
-_MISS = LookupResult.MISS
-_PENDING = LookupResult.PENDING
 _LOAD = JobDirection.LOAD
 _STORE = JobDirection.STORE
 
 
 @dataclass
 class _Job:
-    tier: int
+    tier: TierRecord
     meta: JobMetadata
     submitted: float  # time.perf_counter() at submission
     started: float = 0.0  # time.monotonic() at submission (gated cascades only)
@@ -62,10 +61,13 @@ class Finished:
     ``failed`` did not."""
 
     job: _Job
-    tier: SecondaryTierManager
     good: list[OffloadKey]
     failed: list[OffloadKey]
     reason: str | None
+
+    @property
+    def tier(self) -> TierRecord:
+        return self.job.tier
 
     @property
     def direction(self) -> JobDirection:
@@ -81,13 +83,13 @@ class Finished:
 
 
 class JobTable:
-    """The jobs and per-tier counters of one tiered manager, and its :attr:`promotions`
-    (:mod:`kv_offload.tiering.promotions`), which count into the same per-tier stats."""
+    """The jobs of one tiered manager, counted into each tier's record, and its
+    :attr:`promotions` (:mod:`kv_offload.tiering.promotions`)."""
 
     def __init__(
         self,
         owner: object,
-        tiers: Sequence[SecondaryTierManager],
+        tiers: Sequence[TierRecord],
         errors: HookErrorLog,
         block_size: int,
         limits: PromotionLimits | None = None,
@@ -98,15 +100,9 @@ class JobTable:
         self._block_size = block_size
         self._jobs: dict[int, _Job] = {}
         self._next_id = 0
-        self.stats = [TierStats(tier.name) for tier in tiers]
-        #: Each tier's cascade gate, or ``None`` (no backpressure for it).
-        self.gates = [tier.cascade_gate for tier in tiers]
         self.faults = FaultReporter()
-        #: ``time.monotonic()`` when each tier's results were last collected: a job reported
-        #: now finished after that, so it took at least that long (see :meth:`_gate_seconds`).
-        self._last_poll = [0.0] * len(tiers)
         #: The promotion state machine; a job's result moves its promotions on.
-        self.promotions = Promotions(tiers, self.stats, self.faults, limits)
+        self.promotions = Promotions(self.faults, limits)
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -117,45 +113,43 @@ class JobTable:
         """``reset_cache``: forget promotions and waits, restart the counters and gates.
         Failure records are kept: the tiers keep their blocks."""
         self.promotions.reset()
-        stats = self.stats  # restarted in place: the promotions count into the same list
-        stats[:] = [TierStats(s.name) for s in stats]
-        for gate in self.gates:
-            if gate is not None:
-                gate.reset()
+        for tier in self._tiers:
+            tier.stats = TierStats(tier.name)
+            if tier.gate is not None:
+                tier.gate.reset()
 
-    def tier_stats(self) -> list[TierStats]:
-        """A copy of every tier's counters, with the gates' figures filled in."""
-        out = []
-        for stats, gate in zip(self.stats, self.gates):
-            copy = TierStats(**vars(stats))
-            if gate is not None:
-                copy.cascades_in_flight = gate.in_flight
-                copy.peak_cascades_in_flight = gate.peak_in_flight
-                copy.backpressure = gate.detector.stats()
-            out.append(copy)
-        return out
+    @staticmethod
+    def tier_stats(tier: TierRecord) -> TierStats:
+        """A copy of ``tier``'s counters, with its gate's figures filled in."""
+        copy = TierStats(**vars(tier.stats))
+        gate = tier.gate
+        if gate is not None:
+            copy.cascades_in_flight = gate.in_flight
+            copy.peak_cascades_in_flight = gate.peak_in_flight
+            copy.backpressure = gate.detector.stats()
+        return copy
 
     # -- cascades ---------------------------------------------------------------------------
 
     def admit(
-        self, index: int, keys: list[OffloadKey], ctx: ReqContext, hooks: HookCallers
+        self, tier: TierRecord, keys: list[OffloadKey], ctx: ReqContext, hooks: HookCallers
     ) -> bool:
-        """Whether a cascade of ``keys`` to tier ``index`` goes out (the manager then pins the
+        """Whether a cascade of ``keys`` to ``tier`` goes out (the manager then pins the
         blocks and submits it). A gate that drops it: counted, ``kv_offload_cascade_dropped``
         fired, ``False``."""
-        gate = self.gates[index]
+        gate = tier.gate
         if gate is None:
             return True
         reason = gate.admit(len(keys))
         if reason is None:
             return True
-        stats = self.stats[index]
+        stats = tier.stats
         stats.dropped_cascades += 1
         stats.dropped_blocks += len(keys)
         self._errors.fire(
             hooks.cascade_dropped,
             manager=self._owner,
-            tier=self._tiers[index].name,
+            tier=tier.name,
             keys=list(keys),
             reason=reason,
             req_context=ctx,
@@ -166,7 +160,7 @@ class JobTable:
 
     def submit(
         self,
-        index: int,
+        tier: TierRecord,
         direction: JobDirection,
         keys: list[OffloadKey],
         slots: Sequence[int],
@@ -174,22 +168,21 @@ class JobTable:
         *,
         staged: bool = False,
     ) -> Finished | None:
-        """Hand a job to tier ``index``. A tier that raises fails the job at once: the
+        """Hand a job to ``tier``. A tier that raises fails the job at once: the
         :class:`Finished` failure is returned for the manager to act on."""
         job_id = self._next_id
         self._next_id += 1
         meta = JobMetadata(job_id, keys, np.asarray(slots, np.int64), direction, ctx)
-        job = self._jobs[job_id] = _Job(index, meta, time.perf_counter(), staged=staged)
-        if direction is _STORE and self.gates[index] is not None:
+        job = self._jobs[job_id] = _Job(tier, meta, time.perf_counter(), staged=staged)
+        if direction is _STORE and tier.gate is not None:
             job.started = time.monotonic()
-        tier = self._tiers[index]
         try:
             if direction is _LOAD:
-                tier.submit_load(meta)
+                tier.plugin.submit_load(meta)
             else:
-                tier.submit_store(meta)
+                tier.plugin.submit_store(meta)
         except Exception as exc:
-            self.stats[index].submit_errors += 1
+            tier.stats.submit_errors += 1
             self.faults.report(
                 tier.name,
                 f"submit_{direction.value}",
@@ -202,24 +195,23 @@ class JobTable:
     def collect(self) -> Iterator[Finished]:
         """Every tier's finished jobs, one at a time (the manager acts on each before the
         next is taken)."""
-        last_poll = self._last_poll
-        for index, tier in enumerate(self._tiers):
+        for tier in self._tiers:
             try:
-                results = list(tier.get_finished())
+                results = list(tier.plugin.get_finished())
             except Exception as exc:  # raising, or not an iterable of results
-                self.stats[index].contract_errors += 1
+                tier.stats.contract_errors += 1
                 self.faults.report(tier.name, "get_finished", exc, "it is polled again")
                 continue
             for result in results:
                 finished = self._finished(result, tier)
                 if finished is not None:
                     yield finished
-            if self.gates[index] is not None:
-                last_poll[index] = time.monotonic()
+            if tier.gate is not None:
+                tier.last_poll = time.monotonic()
 
     def waiting_error(self) -> ManagerError:
         """The drain timed out: which tiers still hold jobs."""
-        waiting = sorted({self._tiers[j.tier].name for j in self._jobs.values()})
+        waiting = sorted({j.tier.name for j in self._jobs.values()})
         return ManagerError(
             f"{len(self._jobs)} tier job(s) did not finish within the drain timeout "
             f"(tiers: {', '.join(waiting)}); a tier must report every job it accepts"
@@ -231,13 +223,13 @@ class JobTable:
         then), a lower bound. Results are collected once per engine step, so the time to this
         collection would add up to a whole step to every job: at 10 ms steps a 4 KiB block
         would read as 0.4 s/MiB, a disk far from busy as one under pressure."""
-        return max(0.0, self._last_poll[job.tier] - job.started)
+        return max(0.0, job.tier.last_poll - job.started)
 
-    def _finished(self, result: object, tier: SecondaryTierManager) -> Finished | None:
+    def _finished(self, result: object, tier: TierRecord) -> Finished | None:
         """Take the job ``result`` reports out of the table: landed or failed (a promotion's
         state moves on here), or ``None`` for a result that is not one."""
         if not isinstance(result, JobResult):
-            self.stats[self._tiers.index(tier)].contract_errors += 1
+            tier.stats.contract_errors += 1
             self.faults.report(
                 tier.name,
                 "get_finished",
@@ -251,7 +243,7 @@ class JobTable:
             )
             return None
         job = self._jobs.get(result.job_id)
-        if job is None or self._tiers[job.tier] is not tier:
+        if job is None or job.tier is not tier:
             logger.warning(
                 "tier %r reported job %r, which it does not own or already reported; ignored",
                 tier.name,
@@ -269,15 +261,16 @@ class JobTable:
         else:
             good, failed = keys, []
         if job.meta.direction is _LOAD:
-            self.promotions.ended(job.tier, keys, failed)
-        return Finished(job, tier, good, failed, result.reason)
+            self.promotions.ended(tier, keys, failed)
+        return Finished(job, good, failed, result.reason)
 
     def report(self, done: Finished, hooks: HookCallers) -> None:
         """After the manager acted on ``done`` in the CPU tier: count it, tell the gate, and
         fire the tier hooks."""
         job = done.job
         good, failed = done.good, done.failed
-        stats = self.stats[job.tier]
+        tier = job.tier
+        stats = tier.stats
         nbytes = len(good) * self._block_size
         if job.meta.direction is _LOAD:
             stats.promoted_blocks += len(good)
@@ -285,18 +278,18 @@ class JobTable:
             stats.failed_promotions += len(failed)
             done_hook, failed_hook = hooks.blocks_loaded, None
         else:
-            gate = self.gates[job.tier]
+            gate = tier.gate
             if gate is not None:
                 gate.finished(not failed, self._gate_seconds(job), nbytes)
             stats.cascaded_blocks += len(good)
             stats.bytes_written += nbytes
             stats.failed_cascades += len(failed)
             if good:  # stored again: it may be promoted from the tier
-                self.promotions.stored(job.tier, good)
+                self.promotions.stored(tier, good)
             done_hook, failed_hook = hooks.blocks_stored, hooks.store_failed
         errors = self._errors
         ctx = job.meta.req_context
-        name = done.tier.name
+        name = tier.name
         errors.fire(
             hooks.tier_job_finished,
             manager=self._owner,

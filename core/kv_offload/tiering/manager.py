@@ -44,10 +44,9 @@ from ..types import (
     ReqContext,
 )
 from .base import JobDirection, SecondaryTierManager
-from .cascade_gate import gate_ungated
 from .jobs import Finished, JobTable
-from .names import name_tiers
 from .promotions import PromotionLimits
+from .record import TierEntry, TierRecord, tier_records
 from .request_scope import LoadPins, RequestScope, WholeRequest
 from .stats import TieringStats, TierStats
 from .waiting import backoff
@@ -69,8 +68,13 @@ _STORE = JobDirection.STORE
 #: Refuses a batch holding a key that is not bytes-like: a tier writes keys as bytes, and one
 #: bad key in a cascade job would fail the good keys with it.
 class TieringOffloadingManager(OffloadingManager):
-    """The manager API over a CPU tier (``primary``) and secondary ``tiers``.
+    """The manager API over a CPU tier (``primary``) and secondary tiers.
 
+    Each of ``secondary_tiers`` is a :class:`~kv_offload.tiering.TierEntry` (a tier plugin
+    and the stack's settings for it: name, locality, cascade gate, write policy, admission)
+    or a bare tier plugin (an entry with the defaults). The manager keeps one record per
+    tier (:mod:`kv_offload.tiering.record`) and never sets anything on a plugin; ``tiers``
+    lists the plugins, :attr:`entries` their settings under the names the stack gave them.
     ``backpressure`` is the default ``backpressure`` table of tiers that have no cascade gate
     of their own (a config's global ``[backpressure]``); ``None`` leaves them ungated.
     ``promotion_limits`` bounds every ``PENDING`` answer (promotion deadline, failure backoff:
@@ -89,7 +93,7 @@ class TieringOffloadingManager(OffloadingManager):
     def __init__(
         self,
         primary: CPUOffloadingManager,
-        secondary_tiers: Sequence[SecondaryTierManager],
+        secondary_tiers: Sequence[SecondaryTierManager | TierEntry],
         *,
         drain_timeout: float = 30.0,
         backpressure: Mapping[str, Any] | None = None,
@@ -100,20 +104,23 @@ class TieringOffloadingManager(OffloadingManager):
                 "TieringOffloadingManager needs a CPU tier with a KV buffer: create the "
                 "CPUOffloadingManager with block_size_bytes=... (tiers copy real bytes)"
             )
-        name_tiers(secondary_tiers)
+        records = tier_records(secondary_tiers, backpressure)
         self.primary = primary
         primary.fronts_tiers = True
         self.kv_buffer: CPUKVBuffer = primary.kv_buffer
-        self.tiers: list[SecondaryTierManager] = list(secondary_tiers)
+        #: The manager's record of each tier, in cascade order.
+        self._tiers: list[TierRecord] = records
+        #: The tier plugins, in cascade order.
+        self.tiers: list[SecondaryTierManager] = [tier.plugin for tier in records]
         self.drain_timeout = drain_timeout
         self.plugin_manager = primary.plugin_manager
-        if backpressure is not None:
-            gate_ungated(self.tiers, backpressure)
+        #: The one error channel of a call: hook errors and broken admissions, raised when
+        #: the call has done its work.
         self._errors = HookErrorLog()
         block_size = primary.kv_buffer.block_size_bytes
-        self._jobs = JobTable(self, self.tiers, self._errors, block_size, promotion_limits)
+        self._jobs = JobTable(self, records, self._errors, block_size, promotion_limits)
         self._promotions = self._jobs.promotions
-        self._scope = RequestScope(self.tiers)
+        self._scope = RequestScope(records)
         self._closed = False
         self._load_pins = LoadPins()  # the engine's, not the cascades'
         #: The CPU tier's entry token: one guard for a call of the stack (concurrency.py).
@@ -122,7 +129,7 @@ class TieringOffloadingManager(OffloadingManager):
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
         ]
         #: What each tier writes and when (tiering/writes.py); ``_back`` its write-back part.
-        self._writes = StackWrites(self.tiers, self.kv_buffer.array, primary.num_blocks)
+        self._writes = StackWrites(records, self.kv_buffer.array, primary.num_blocks)
         self._back = self._writes.back
         self._lookup_observers = self._writes.lookup_observers
         if self._back is not None:
@@ -185,7 +192,7 @@ class TieringOffloadingManager(OffloadingManager):
             primary._held_prepare_store, keys, req_context, protected=protected
         )
         if back is not None and back.pending:
-            back.admit_evicted(req_context, self._writes.errors)
+            back.admit_evicted(req_context, self._errors)
         if output is not None and self._scope.whole:
             whole = self._scope.whole.get(req_context.req_id)
             if whole is not None:
@@ -193,9 +200,13 @@ class TieringOffloadingManager(OffloadingManager):
                 self._cascade_present([k for k in keys if k not in new], whole)
         if self._errors.pending:
             self._errors.raise_pending(output)
-        if self._writes.errors:  # an admission broke its contract in this call
-            self._writes.raise_errors()
         return output
+
+    @property
+    def entries(self) -> tuple[TierEntry, ...]:
+        """Each tier's plugin and settings, in cascade order, under the name the stack calls
+        it by (``entries[i].tier is tiers[i]``)."""
+        return tuple(tier.entry() for tier in self._tiers)
 
     @entry_guarded
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
@@ -220,7 +231,7 @@ class TieringOffloadingManager(OffloadingManager):
         the engine asks again after its next step instead of recomputing the block. Only the
         tiers the request's ``load_tier_filter`` allows are asked.
         """
-        indices = self._scope.tiers_for(req_context)  # raises before anything changed
+        asked = self._scope.tiers_for(req_context)  # raises before anything changed
         result = self.primary._held_lookup(key, req_context)
         if not self.tiers:
             return result
@@ -237,13 +248,13 @@ class TieringOffloadingManager(OffloadingManager):
             rescued = self._rescue(key, req_context)
             if rescued is not None:
                 return rescued
-        decision = promotions.ask(indices, key, req_context)
-        if isinstance(decision, LookupResult):
-            return decision
-        return self._reserve(decision, key, req_context)
+        answer, holder = promotions.ask(asked, key, req_context)
+        if holder is None:
+            return answer
+        return self._reserve(holder, key, req_context)
 
-    def _reserve(self, index: int, key: OffloadKey, ctx: ReqContext) -> LookupResult:
-        """Reserve a CPU slot for ``key``, held by tier ``index``, and queue its load:
+    def _reserve(self, tier: TierRecord, key: OffloadKey, ctx: ReqContext) -> LookupResult:
+        """Reserve a CPU slot for ``key``, held by ``tier``, and queue its load:
         ``PENDING``, or ``MISS`` when no CPU slot can be freed (or an admission hook said no).
         Keys the request found are protected: evicting an earlier hit of the same prefix
         would break its ``prepare_load``."""
@@ -253,12 +264,10 @@ class TieringOffloadingManager(OffloadingManager):
         out = self._reserve_slot(key, ctx)
         if out is None or not out.keys_to_store:
             self._errors.raise_pending()  # an admission hook raised: nothing changed
-            self._promotions.refused(index)
+            self._promotions.refused(tier)
             return _MISS
-        self._promotions.reserved(index, key, ctx, int(out.store_spec.block_ids[0]))
+        self._promotions.reserved(tier, key, ctx, int(out.store_spec.block_ids[0]))
         self._errors.raise_pending()
-        if self._writes.errors:  # an admission broke its contract in this call
-            self._writes.raise_errors()
         return _PENDING
 
     def _reserve_slot(self, key: OffloadKey, ctx: ReqContext) -> PrepareStoreOutput | None:
@@ -275,7 +284,7 @@ class TieringOffloadingManager(OffloadingManager):
             bypass_reuse_filter=True,
         )
         if back is not None and back.pending:
-            back.admit_evicted(ctx, self._writes.errors)
+            back.admit_evicted(ctx, self._errors)
         return out
 
     def _rescue(self, key: OffloadKey, ctx: ReqContext) -> LookupResult | None:
@@ -295,8 +304,6 @@ class TieringOffloadingManager(OffloadingManager):
         if reserved:
             self._errors.call(self.primary._held_complete_store, [key], ctx, landed)
         self._errors.raise_pending()
-        if self._writes.errors:  # an admission broke its contract in this call
-            self._writes.raise_errors()
         return _HIT if landed else None
 
     @entry_guarded
@@ -305,9 +312,9 @@ class TieringOffloadingManager(OffloadingManager):
         collect finished tier jobs."""
         if self._closed:
             raise closed_error("on_schedule_end")
-        for tier in self.tiers:
+        for tier in self._tiers:
             try:
-                tier.on_schedule_end()
+                tier.plugin.on_schedule_end()
             except Exception:
                 logger.exception("tier %r raised from on_schedule_end(); ignored", tier.name)
         self._submit_queued()
@@ -334,24 +341,23 @@ class TieringOffloadingManager(OffloadingManager):
         if success and key_list:
             if self._back is not None:
                 self._back.stored(key_list)  # written back when evicted
-            writes = self._writes
-            for index in writes.through_all:
-                self._cascade(index, key_list, req_context)
-            for index in writes.through_admitted:
-                admitted = writes.through_keys(index, key_list, req_context)
-                if admitted:
-                    self._cascade(index, admitted, req_context)
+            for tier in self._writes.through:
+                writes = tier.writes
+                if writes.admission is None:
+                    self._cascade(tier, key_list, req_context)
+                else:
+                    admitted = writes.admit(key_list, req_context, self._errors)
+                    if admitted:
+                        self._cascade(tier, admitted, req_context)
         self._errors.raise_pending()
-        if self._writes.errors:  # an admission broke its contract in this call
-            self._writes.raise_errors()
 
-    def _cascade(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> None:
-        """One cascade job of ``keys`` to tier ``index``, pinning them, unless its gate drops
-        it (the job table counts that and fires ``kv_offload_cascade_dropped``)."""
+    def _cascade(self, tier: TierRecord, keys: list[OffloadKey], ctx: ReqContext) -> None:
+        """One cascade job of ``keys`` to ``tier``, pinning them, unless its gate drops it
+        (the job table counts that and fires ``kv_offload_cascade_dropped``)."""
         primary = self.primary
-        if self._jobs.admit(index, keys, ctx, primary.hooks):
+        if self._jobs.admit(tier, keys, ctx, primary.hooks):
             slots = primary._pin(keys, ctx, "cascade")
-            self._submit(index, _STORE, keys, slots, ctx)
+            self._submit(tier, _STORE, keys, slots, ctx)
 
     def _submit_write_backs(self) -> None:
         """Submit each write-back tier's job of the blocks it admitted since the last one
@@ -360,9 +366,9 @@ class TieringOffloadingManager(OffloadingManager):
         if back is None:
             return
         hooks = self.primary.hooks
-        for index, keys, rows in back.batches():
-            if self._jobs.admit(index, keys, _WRITE_BACK_CONTEXT, hooks):
-                self._submit(index, _STORE, keys, rows, _WRITE_BACK_CONTEXT, staged=True)
+        for tier, keys, rows in back.batches():
+            if self._jobs.admit(tier, keys, _WRITE_BACK_CONTEXT, hooks):
+                self._submit(tier, _STORE, keys, rows, _WRITE_BACK_CONTEXT, staged=True)
             else:
                 back.release(keys)
 
@@ -389,14 +395,14 @@ class TieringOffloadingManager(OffloadingManager):
             whole, keys, [ref_count(k) for k in keys], self._promotions.promoting
         )
         if ready:
-            for index in whole.tiers:
-                self._cascade(index, ready, whole.context)
+            for tier in whole.tiers:
+                self._cascade(tier, ready, whole.context)
 
     # -- jobs -------------------------------------------------------------------------------
 
     def _submit(
         self,
-        index: int,
+        tier: TierRecord,
         direction: JobDirection,
         keys: list[OffloadKey],
         slots: Sequence[int],
@@ -404,14 +410,14 @@ class TieringOffloadingManager(OffloadingManager):
         *,
         staged: bool = False,
     ) -> None:
-        failed = self._jobs.submit(index, direction, keys, slots, ctx, staged=staged)
+        failed = self._jobs.submit(tier, direction, keys, slots, ctx, staged=staged)
         if failed is not None:  # the tier raised: the job failed at once
             self._land(failed)
 
     def _submit_queued(self, req_id: str | None = None) -> None:
         """Submit the queued promotions (of one request, or all) as tier jobs."""
-        for index, ctx, keys, slots in self._promotions.take_queued(req_id):
-            self._submit(index, _LOAD, keys, slots, ctx)
+        for tier, ctx, keys, slots in self._promotions.take_queued(req_id):
+            self._submit(tier, _LOAD, keys, slots, ctx)
 
     def _collect(self) -> None:
         """Act on every finished tier job."""
@@ -475,20 +481,19 @@ class TieringOffloadingManager(OffloadingManager):
     def queued_promotions(self) -> dict[str, int]:
         """Blocks whose promotion is queued for the step end (not yet submitted), per tier
         name: what ``on_schedule_end()`` will hand out."""
-        return self._promotions.queued_per_tier([tier.name for tier in self.tiers])
+        return self._promotions.queued_per_tier()
 
     def whole_requests(self) -> dict[str, tuple[list[str], list[OffloadKey]]]:
         """The requests some tiers want whole (request-level offload): per request, those
         tiers' names and its keys parked until their promotion lands."""
-        names = [tier.name for tier in self.tiers]
         return {
-            req_id: ([names[i] for i in whole.tiers], list(whole.parked))
+            req_id: ([tier.name for tier in whole.tiers], list(whole.parked))
             for req_id, whole in self._scope.whole.items()
         }
 
     def tiers_allowed(self, tier_filter: TierFilter) -> list[str]:
         """The names of the tiers a request with ``tier_filter`` may load from, in order."""
-        return [self.tiers[i].name for i in self._scope.allowed(tier_filter)]
+        return [tier.name for tier in self._scope.allowed(tier_filter)]
 
     def has_pending_work(self) -> bool:
         """Whether tier jobs or queued promotions are outstanding."""
@@ -536,9 +541,12 @@ class TieringOffloadingManager(OffloadingManager):
         return self.primary.get_stats()
 
     def tier_stats(self) -> list[TierStats]:
-        stats = self._jobs.tier_stats()
-        self._writes.fill(stats)
-        return stats
+        out = []
+        for tier in self._tiers:
+            stats = self._jobs.tier_stats(tier)
+            self._writes.fill(tier, stats)
+            out.append(stats)
+        return out
 
     @entry_guarded
     def shutdown(self) -> None:
@@ -553,9 +561,9 @@ class TieringOffloadingManager(OffloadingManager):
             try:
                 self._errors.call(self.primary._held_shutdown)
             finally:
-                for tier in self.tiers:
+                for tier in self._tiers:
                     try:
-                        tier.shutdown()
+                        tier.plugin.shutdown()
                     except Exception:
                         logger.exception("tier %r raised from shutdown()", tier.name)
                 for plugin in self._own_plugins:

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 
-if TYPE_CHECKING:
-    from .base import SecondaryTierManager
-
-__all__ = ["RESERVED_NAMES", "TierNameError", "name_tiers", "tier_names"]
+__all__ = ["RESERVED_NAMES", "TierNameError", "tier_names"]
 
 #: Media a secondary tier cannot be called: events and hooks use them for the CPU tier.
 RESERVED_NAMES = frozenset({"CPU"})
@@ -61,13 +57,3 @@ def tier_names(entries: Sequence[tuple[str, str | None]]) -> list[str]:
         seen[name] = index
         names.append(name)
     return names
-
-
-def name_tiers(tiers: Sequence[SecondaryTierManager]) -> None:
-    """Name tiers built directly (not from a config) by the same rule: a tier given a name
-    keeps it, unnamed repeats of a type become ``<position>:<type>``. Raises
-    :class:`TierNameError` for two tiers given one name, or a reserved one."""
-    entries = [(tier.tier_type, getattr(tier, "_name", None)) for tier in tiers]
-    for tier, name in zip(tiers, tier_names(entries)):
-        if name != tier.name:
-            tier.name = name

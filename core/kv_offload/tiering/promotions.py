@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from ..errors import KeyStateError, ManagerError, PluginError
 from ..keys import OffloadKey
 from ..types import LookupResult, ReqContext
-from .base import SecondaryTierManager
 from .faults import FaultReporter
-from .stats import TierStats
+from .record import TierRecord
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -49,8 +48,10 @@ __all__ = [
     "Promotions",
 ]
 
-_MISS = LookupResult.MISS
-_PENDING = LookupResult.PENDING
+_HIT = LookupResult.HIT
+#: What :meth:`Promotions.ask` answers when no tier holds the key.
+_NOT_HELD: tuple[LookupResult, None] = (LookupResult.MISS, None)
+_ASK_AGAIN: tuple[LookupResult, None] = (LookupResult.PENDING, None)
 
 #: Default seconds a promotion may stay ``PENDING`` (config key ``promotion_timeout_s``).
 DEFAULT_TIMEOUT = 10.0
@@ -77,7 +78,7 @@ class PromotionLimits:
 class _Promotion:
     """One key between *reserved* and its job's result."""
 
-    tier: int
+    tier: TierRecord
     reserved_at: float  # time.monotonic()
     expired: bool = False
 
@@ -89,30 +90,22 @@ class _Failures:
 
 
 class Promotions:
-    """Every promotion of one tiered manager, from the CPU miss to its job's result.
+    """Every promotion of one tiered manager, from the CPU miss to its job's result, counted
+    into each tier's record."""
 
-    ``stats`` is the job table's list of per-tier counters (shared: both count into it).
-    """
-
-    def __init__(
-        self,
-        tiers: Sequence[SecondaryTierManager],
-        stats: list[TierStats],
-        faults: FaultReporter,
-        limits: PromotionLimits | None = None,
-    ) -> None:
-        self._tiers = tiers
-        self.stats = stats
+    def __init__(self, faults: FaultReporter, limits: PromotionLimits | None = None) -> None:
         self.faults = faults
         self.limits = limits if limits is not None else PromotionLimits()
         #: Keys whose promotion is reserved (queued or loading), with its state.
         self.promoting: dict[OffloadKey, _Promotion] = {}
-        #: (tier index, req_id) -> (context, keys, slots): loads waiting for the step end.
-        self.queued: dict[tuple[int, str], tuple[ReqContext, list[OffloadKey], list[int]]] = {}
+        #: (tier, req_id) -> (context, keys, slots): loads waiting for the step end.
+        self.queued: dict[
+            tuple[TierRecord, str], tuple[ReqContext, list[OffloadKey], list[int]]
+        ] = {}
         #: req_id -> keys its lookups answered HIT or PENDING (protected from its promotions).
         self.found: dict[str, set[OffloadKey]] = {}
-        #: (tier index, key) -> failures in a row and when the tier may be asked again.
-        self._failures: dict[tuple[int, OffloadKey], _Failures] = {}
+        #: (tier, key) -> failures in a row and when the tier may be asked again.
+        self._failures: dict[tuple[TierRecord, OffloadKey], _Failures] = {}
         #: req_id -> key -> when a tier first answered ``None`` for it.
         self._asked_again: dict[str, dict[OffloadKey, float]] = {}
 
@@ -123,12 +116,11 @@ class Promotions:
         self.found.clear()
         self._asked_again.clear()
 
-    def queued_per_tier(self, names: Sequence[str]) -> dict[str, int]:
-        """Blocks whose promotion is queued for the step end, per tier name (tier ``i`` is
-        ``names[i]``)."""
+    def queued_per_tier(self) -> dict[str, int]:
+        """Blocks whose promotion is queued for the step end, per tier name."""
         out: dict[str, int] = {}
-        for (index, _), (_, keys, _) in self.queued.items():
-            out[names[index]] = out.get(names[index], 0) + len(keys)
+        for (tier, _), (_, keys, _) in self.queued.items():
+            out[tier.name] = out.get(tier.name, 0) + len(keys)
         return out
 
     def blocks_queued(self) -> int:
@@ -143,55 +135,57 @@ class Promotions:
         """The keys a promotion for the request must not evict (those it found)."""
         return self.found.get(req_id, ())
 
-    def ask(self, indices: tuple[int, ...], key: OffloadKey, ctx: ReqContext) -> int | LookupResult:
-        """A CPU miss: the index of the first tier at ``indices`` that holds ``key`` (the
-        manager reserves a CPU slot, then calls :meth:`reserved` or :meth:`refused`), or the
-        answer: ``PENDING`` if none does but one said "ask again" within the timeout, else
-        ``MISS``. A tier whose ``lookup`` raises or answers something other than True, False
-        or None counts as a miss there; so does a tier backing off from the key."""
+    def ask(
+        self, tiers: Sequence[TierRecord], key: OffloadKey, ctx: ReqContext
+    ) -> tuple[LookupResult, TierRecord | None]:
+        """A CPU miss, asked of ``tiers`` in order: ``(HIT, tier)`` for the first tier that
+        holds ``key`` (the manager reserves a CPU slot, then calls :meth:`reserved` or
+        :meth:`refused`), else the lookup's answer with no tier: ``PENDING`` if one said "ask
+        again" within the timeout, ``MISS`` otherwise. A tier whose ``lookup`` raises or
+        answers something other than True, False or None counts as a miss there; so does a
+        tier backing off from the key."""
         ask_again = False
-        tiers = self._tiers
-        stats = self.stats
         failures = self._failures
-        for index in indices:
+        for tier in tiers:
+            stats = tier.stats
             if failures:
-                record = failures.get((index, key))
+                record = failures.get((tier, key))
                 if record is not None and time.monotonic() < record.retry_at:
-                    stats[index].backed_off_lookups += 1
+                    stats.backed_off_lookups += 1
                     continue
-            stats[index].lookups += 1
+            stats.lookups += 1
             try:
-                held = tiers[index].lookup(key, ctx)
+                held = tier.plugin.lookup(key, ctx)
             except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
-                stats[index].lookup_errors += 1
-                self.faults.report(tiers[index].name, "lookup", exc, "the key is a miss there")
+                stats.lookup_errors += 1
+                self.faults.report(tier.name, "lookup", exc, "the key is a miss there")
                 continue
             if held is True:
                 self._answered(ctx.req_id, key)
-                stats[index].lookup_hits += 1
-                return index
+                stats.lookup_hits += 1
+                return _HIT, tier
             if held is None:
                 if self._may_wait(ctx.req_id, key):
                     ask_again = True
                 else:
-                    stats[index].ask_again_timeouts += 1
+                    stats.ask_again_timeouts += 1
             elif held is not False:
-                stats[index].contract_errors += 1
+                stats.contract_errors += 1
                 self.faults.report(
-                    tiers[index].name,
+                    tier.name,
                     "lookup",
                     PluginError(
                         f"lookup() returned {type(held).__name__} {held!r:.40}; a tier's "
                         f"lookup must return True, False or None",
                         kind="tier",
-                        plugin=tiers[index].name,
+                        plugin=tier.name,
                     ),
                     "the key is a miss there",
                 )
         if not ask_again:
             self._answered(ctx.req_id, key)
-            return _MISS
-        return _PENDING
+            return _NOT_HELD
+        return _ASK_AGAIN
 
     def _may_wait(self, req_id: str, key: OffloadKey) -> bool:
         """A tier answered ``None`` for ``key``: whether the request may still wait for it
@@ -207,18 +201,18 @@ class Promotions:
         if waits:
             waits.pop(key, None)
 
-    def reserved(self, index: int, key: OffloadKey, ctx: ReqContext, slot: int) -> None:
-        """The manager reserved CPU ``slot`` for promoting ``key`` from tier ``index``: queue
-        the load for the step end."""
-        self.promoting[key] = _Promotion(index, time.monotonic())
-        _, keys, slots = self.queued.setdefault((index, ctx.req_id), (ctx, [], []))
+    def reserved(self, tier: TierRecord, key: OffloadKey, ctx: ReqContext, slot: int) -> None:
+        """The manager reserved CPU ``slot`` for promoting ``key`` from ``tier``: queue the
+        load for the step end."""
+        self.promoting[key] = _Promotion(tier, time.monotonic())
+        _, keys, slots = self.queued.setdefault((tier, ctx.req_id), (ctx, [], []))
         keys.append(key)
         slots.append(slot)
         self.note_found(ctx.req_id, key)
 
-    def refused(self, index: int) -> None:
+    def refused(self, tier: TierRecord) -> None:
         """No CPU slot could be reserved (or an admission hook said no): the key is a miss."""
-        self.stats[index].refused_promotions += 1
+        tier.stats.refused_promotions += 1
 
     def expired(self, key: OffloadKey) -> bool:
         """Whether ``key``, answered ``PENDING`` by the CPU tier, is a promotion past its
@@ -230,9 +224,9 @@ class Promotions:
             if time.monotonic() - promotion.reserved_at < self.limits.timeout:
                 return False
             promotion.expired = True
-            self.stats[promotion.tier].expired_promotions += 1
+            promotion.tier.stats.expired_promotions += 1
             self.faults.report(
-                self._tiers[promotion.tier].name,
+                promotion.tier.name,
                 "promotion",
                 ManagerError(
                     f"a promotion did not land within {self.limits.timeout:g} s "
@@ -261,8 +255,8 @@ class Promotions:
 
     def take_queued(
         self, req_id: str | None = None
-    ) -> list[tuple[int, ReqContext, list[OffloadKey], list[int]]]:
-        """The queued loads (of one request, or all) to submit now, as (tier index, context,
+    ) -> list[tuple[TierRecord, ReqContext, list[OffloadKey], list[int]]]:
+        """The queued loads (of one request, or all) to submit now, as (tier, context,
         keys, slots): the manager submits each with :meth:`submit`."""
         queued = self.queued
         if not queued:
@@ -289,7 +283,7 @@ class Promotions:
 
     # -- loading -> landed | failed -> backoff ------------------------------------------------
 
-    def ended(self, index: int, keys: list[OffloadKey], failed: list[OffloadKey]) -> None:
+    def ended(self, tier: TierRecord, keys: list[OffloadKey], failed: list[OffloadKey]) -> None:
         """loading -> landed (the key's failure record is cleared) or failed -> backoff."""
         promoting = self.promoting
         for key in keys:
@@ -299,24 +293,24 @@ class Promotions:
         now = time.monotonic()
         for key in keys:
             if key in failed_set:
-                self._failed(index, key, now)
+                self._failed(tier, key, now)
             elif failures:
-                failures.pop((index, key), None)
+                failures.pop((tier, key), None)
 
-    def _failed(self, index: int, key: OffloadKey, now: float) -> None:
+    def _failed(self, tier: TierRecord, key: OffloadKey, now: float) -> None:
         """failed -> backoff: not asked for ``backoff * 2**(n-1)`` seconds after the n-th
         failure in a row; after ``max_failures``, not until the key is stored there again."""
-        record = self._failures.pop((index, key), None)  # re-inserted last: newest
+        record = self._failures.pop((tier, key), None)  # re-inserted last: newest
         count = 1 if record is None else record.count + 1
         limits = self.limits
         last = count >= limits.max_failures
         retry_at = math.inf if last else now + limits.backoff * (1 << (count - 1))
-        self._failures[index, key] = _Failures(count, retry_at)
+        self._failures[tier, key] = _Failures(count, retry_at)
         if len(self._failures) > MAX_RECORDS:
             del self._failures[next(iter(self._failures))]
 
-    def stored(self, index: int, keys: list[OffloadKey]) -> None:
-        """``keys`` were stored to tier ``index`` again: it may be asked about them again."""
+    def stored(self, tier: TierRecord, keys: list[OffloadKey]) -> None:
+        """``keys`` were stored to ``tier`` again: it may be asked about them again."""
         if self._failures:
             for key in keys:
-                self._failures.pop((index, key), None)
+                self._failures.pop((tier, key), None)

@@ -11,7 +11,7 @@
 * **Engine pins** (:class:`LoadPins`): which keys an engine's ``prepare_load`` pinned and its
   ``complete_load`` has not released, so a second ``complete_load`` cannot take a cascade's pin.
 * **Tier filters** (``ReqContext.load_tier_filter``, vLLM's ``TierFilter``): the tiers a
-  request's ``lookup`` may ask, resolved once per distinct filter to tier positions. A filter
+  request's ``lookup`` may ask, resolved once per distinct filter to the tiers' records. A filter
   naming a tier the stack does not have is an :class:`~kv_offload.errors.InvalidArgumentError`.
 
 It decides (which keys to cascade to which tiers, which tiers a lookup asks) and the tiered
@@ -29,7 +29,7 @@ from ..errors import InvalidArgumentError, KeyStateError
 from ..keys import OffloadKey
 from ..tier_types import OffloadPolicy, RequestOffloadingContext, TierFilter
 from ..types import ReqContext
-from .base import SecondaryTierManager
+from .record import TierRecord
 
 __all__ = ["LoadPins", "RequestScope", "WholeRequest"]
 
@@ -39,10 +39,10 @@ _REQUEST = RequestOffloadingContext(OffloadPolicy.REQUEST_LEVEL)
 
 @dataclass
 class WholeRequest:
-    """A request some tiers want whole: those tiers' positions, and its parked keys."""
+    """A request some tiers want whole: those tiers, and its parked keys."""
 
     context: ReqContext
-    tiers: list[int]
+    tiers: list[TierRecord]
     parked: list[OffloadKey] = field(default_factory=list)
 
 
@@ -88,22 +88,21 @@ class LoadPins:
 class RequestScope:
     """Which requests are request-level (for which tiers) and what each tier filter allows."""
 
-    def __init__(self, tiers: Sequence[SecondaryTierManager]) -> None:
-        self._tiers = tiers
+    def __init__(self, tiers: Sequence[TierRecord]) -> None:
         self._names = [tier.name for tier in tiers]
         #: req_id -> the request-level state of requests some tier wants whole.
         self.whole: dict[str, WholeRequest] = {}
-        self._allowed: dict[TierFilter, tuple[int, ...]] = {}
-        #: Every tier position, in cascade order (no filter).
-        self.all_tiers = tuple(range(len(tiers)))
+        self._allowed: dict[TierFilter, tuple[TierRecord, ...]] = {}
+        #: Every tier, in cascade order (no filter).
+        self.all_tiers = tuple(tiers)
 
     def start(self, ctx: ReqContext) -> RequestOffloadingContext:
         """Ask every tier for its policy; ``REQUEST_LEVEL`` if any tier wants the request."""
         wanted = []
-        for index, tier in enumerate(self._tiers):
-            answer = tier.on_new_request(ctx)
+        for tier in self.all_tiers:
+            answer = tier.plugin.on_new_request(ctx)
             if answer is not None and answer.policy is OffloadPolicy.REQUEST_LEVEL:
-                wanted.append(index)
+                wanted.append(tier)
         if not wanted:
             self.whole.pop(ctx.req_id, None)
             return _CHUNK
@@ -142,15 +141,15 @@ class RequestScope:
                 keys, whole.parked = whole.parked, []
                 yield whole, keys
 
-    def tiers_for(self, ctx: ReqContext) -> tuple[int, ...]:
-        """The positions of the tiers the request's lookups may ask, in order (all of them
+    def tiers_for(self, ctx: ReqContext) -> tuple[TierRecord, ...]:
+        """The tiers the request's lookups may ask, in order (all of them
         without a ``load_tier_filter``; a context that is not a ``ReqContext`` is the CPU
         tier's to refuse)."""
         tier_filter = getattr(ctx, "load_tier_filter", None)
         return self.all_tiers if tier_filter is None else self.allowed(tier_filter)
 
-    def allowed(self, tier_filter: TierFilter) -> tuple[int, ...]:
-        """The positions of the tiers ``tier_filter`` lets a lookup ask, in order."""
+    def allowed(self, tier_filter: TierFilter) -> tuple[TierRecord, ...]:
+        """The tiers ``tier_filter`` lets a lookup ask, in order."""
         found = self._allowed.get(tier_filter)
         if found is not None:
             return found
@@ -167,8 +166,8 @@ class RequestScope:
                     f"does not have; its tiers are: {', '.join(map(repr, self._names)) or 'none'}"
                 )
         allowed = tuple(
-            index
-            for index, tier in enumerate(self._tiers)
+            tier
+            for tier in self.all_tiers
             if tier_filter.allows(tier.name, tier.medium, tier.locality)
         )
         if len(self._allowed) < 256:  # filters are few; never let a stream of them grow this

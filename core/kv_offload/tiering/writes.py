@@ -38,12 +38,13 @@ import numpy.typing as npt
 from ..admission import AdmissionPolicy, checked_admit, overrides
 from ..errors import ConfigError, PluginError
 from ..keys import OffloadKey
+from ..plugins.dispatch import HookErrorLog
 from ..types import ReqContext
 from .staging import StagingRows
 from .stats import TierStats
 
 if TYPE_CHECKING:
-    from .base import SecondaryTierManager
+    from .record import TierRecord
 
 __all__ = [
     "WRITE_POLICIES",
@@ -111,10 +112,10 @@ class TierWrites:
         return self.policy is WritePolicy.WRITE_BACK
 
     def admit(
-        self, keys: list[OffloadKey], ctx: ReqContext, errors: list[PluginError]
+        self, keys: list[OffloadKey], ctx: ReqContext, errors: HookErrorLog
     ) -> list[OffloadKey]:
         """The keys of ``keys`` to write to the tier; a broken admission admits none of them
-        and its error is appended to ``errors`` (raised when the manager's call ends)."""
+        and its error is kept in ``errors`` (raised when the manager's call ends)."""
         if self.admission is None:
             return keys
         try:
@@ -122,7 +123,7 @@ class TierWrites:
         except PluginError as exc:
             self.admission_errors += 1
             self.refused_blocks += len(keys)
-            errors.append(exc)
+            errors.keep(exc)
             return []
         self.refused_blocks += len(keys) - len(admitted)
         return admitted
@@ -147,13 +148,14 @@ class WriteBack:
     a one-block job), releasing each job's rows with :meth:`release` when it ends.
     """
 
-    def __init__(self, staging: StagingRows, tiers: dict[int, TierWrites]) -> None:
+    def __init__(self, staging: StagingRows, tiers: Sequence[TierRecord]) -> None:
         self.staging = staging
         self._tiers = tiers
         #: CPU blocks stored by the engine and not written back yet.
         self._dirty: set[OffloadKey] = set()
         self._evicted: list[OffloadKey] = []  # staged by the current CPU call
-        self._waiting: dict[int, list[OffloadKey]] = {index: [] for index in tiers}
+        #: Each write-back tier's admitted blocks not sent yet.
+        self._waiting: dict[TierRecord, list[OffloadKey]] = {tier: [] for tier in tiers}
         self.dropped = 0
         self.rescued = 0
 
@@ -180,7 +182,7 @@ class WriteBack:
         """Whether the current CPU call staged victims (call :meth:`admit_evicted`)."""
         return bool(self._evicted)
 
-    def admit_evicted(self, ctx: ReqContext, errors: list[PluginError]) -> None:
+    def admit_evicted(self, ctx: ReqContext, errors: HookErrorLog) -> None:
         """Ask each write-back tier's admission about the victims the CPU call staged
         (``ctx``: the request whose call evicted them); rows no tier took are freed."""
         keys, self._evicted = self._evicted, []
@@ -188,22 +190,22 @@ class WriteBack:
             return
         staging = self.staging
         staging.hold(keys)  # until every tier has taken its share
-        for index, waiting in self._waiting.items():
-            admitted = self._tiers[index].admit(keys, ctx, errors)
+        for tier, waiting in self._waiting.items():
+            admitted = tier.writes.admit(keys, ctx, errors)
             if admitted:
                 staging.hold(admitted)
                 waiting.extend(admitted)
         staging.release(keys)
 
-    def batches(self) -> list[tuple[int, list[OffloadKey], list[int]]]:
+    def batches(self) -> list[tuple[TierRecord, list[OffloadKey], list[int]]]:
         r"""Each write-back tier's admitted blocks since the last call, with their rows: the
         jobs to submit (a job the manager cannot submit is :meth:`release`\ d)."""
         out = []
-        for index, waiting in self._waiting.items():
+        for tier, waiting in self._waiting.items():
             if waiting:
                 keys = list(waiting)
                 waiting.clear()
-                out.append((index, keys, self.staging.rows_of(keys)))
+                out.append((tier, keys, self.staging.rows_of(keys)))
         return out
 
     def release(self, keys: Sequence[OffloadKey]) -> None:
@@ -224,7 +226,7 @@ class WriteBack:
             "without a row are not written back",
             staging.capacity - staging.free,
             timeout_s,
-            ", ".join(tier.name for tier in self._tiers.values()),
+            ", ".join(tier.name for tier in self._tiers),
         )
 
     def holds(self, key: OffloadKey) -> bool:
@@ -242,34 +244,31 @@ class WriteBack:
 
 
 class StackWrites:
-    """Every tier's :class:`TierWrites`, and the stack's :class:`WriteBack` if a tier is
-    written back: what the tiered manager asks before it writes anything to a tier."""
+    """What the tiered manager asks before it writes anything to a tier: the write-through
+    tiers, the stack's :class:`WriteBack` if a tier is written back, and the admissions that
+    watch lookups or requests. Each tier's own policy, admission and counters are its
+    record's :class:`TierWrites`."""
 
     def __init__(
         self,
-        tiers: Sequence[SecondaryTierManager],
+        tiers: Sequence[TierRecord],
         buffer: npt.NDArray[np.uint8],
         num_blocks: int,
     ) -> None:
-        self.tiers = [TierWrites(t.name, t.write_policy, t.admission) for t in tiers]
-        #: Tiers written when a CPU store completes: every block, or what an admission admits.
-        self.through_all = [
-            i for i, w in enumerate(self.tiers) if not w.write_back and w.admission is None
-        ]
-        self.through_admitted = [
-            i for i, w in enumerate(self.tiers) if not w.write_back and w.admission is not None
-        ]
-        back = {i: w for i, w in enumerate(self.tiers) if w.write_back}
+        self._tiers = tiers
+        #: Tiers written when a CPU store completes (every block, or what an admission admits).
+        self.through = [t for t in tiers if not t.writes.write_back]
+        back = [t for t in tiers if t.writes.write_back]
         #: Admissions that watch lookups, called on every stack lookup.
-        self.lookup_observers = [w.record_lookup for w in self.tiers if w.record_lookup]
+        self.lookup_observers = [t.writes.record_lookup for t in tiers if t.writes.record_lookup]
         #: Admissions that keep per-request state, told when a request finishes.
-        self.finish_observers = [w.on_request_finished for w in self.tiers if w.on_request_finished]
-        #: Admission errors of the current manager call, raised when it ends.
-        self.errors: list[PluginError] = []
+        self.finish_observers = [
+            t.writes.on_request_finished for t in tiers if t.writes.on_request_finished
+        ]
         self.back: WriteBack | None = None
         if back:
             if buffer.shape[0] <= num_blocks:
-                names = ", ".join(repr(w.name) for w in back.values())
+                names = ", ".join(repr(t.name) for t in back)
                 raise ConfigError(
                     f"tier(s) {names} use write_policy 'write-back', which needs staging rows "
                     f"for evicted blocks in the CPU KV buffer: build the stack with "
@@ -278,26 +277,14 @@ class StackWrites:
                 )
             self.back = WriteBack(StagingRows(buffer, num_blocks), back)
 
-    def through_keys(self, index: int, keys: list[OffloadKey], ctx: ReqContext) -> list[OffloadKey]:
-        """The blocks of a completed CPU store that write-through tier ``index`` writes."""
-        return self.tiers[index].admit(keys, ctx, self.errors)
-
-    def raise_errors(self) -> None:
-        """Raise the first admission error of this call (its blocks were not admitted; the
-        call's other effects stand), forgetting the rest."""
-        if self.errors:
-            first = self.errors[0]
-            self.errors = []
-            raise first
-
-    def fill(self, stats: list[TierStats]) -> None:
-        for tier_stats, writes in zip(stats, self.tiers):
-            writes.fill(tier_stats)
-            if writes.write_back and self.back is not None:
-                self.back.fill(tier_stats)
+    def fill(self, tier: TierRecord, stats: TierStats) -> None:
+        """Fill ``stats`` (a copy of ``tier``'s counters) with its write figures."""
+        tier.writes.fill(stats)
+        if tier.writes.write_back and self.back is not None:
+            self.back.fill(stats)
 
     def reset(self) -> None:
-        for writes in self.tiers:
-            writes.reset_counters()
+        for tier in self._tiers:
+            tier.writes.reset_counters()
         if self.back is not None:
             self.back.reset()

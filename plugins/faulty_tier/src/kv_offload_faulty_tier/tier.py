@@ -117,7 +117,7 @@ class FaultyTier(SecondaryTierManager):
         off while the stack runs); the same keys and checks as the config. Jobs already held
         keep the delay they were given; the dice restart from ``seed``."""
         current = {f.name: getattr(self.plan, f.name) for f in fields(self.plan)}
-        self.plan = FaultPlan.from_arguments(self.name, **{**current, **changes})
+        self.plan = FaultPlan.from_arguments(self.tier_type, **{**current, **changes})
         self._dice = Dice(self.plan)
         # Once timed, the clock stays on: jobs held with a release time must still see it.
         self._timed = self._timed or self.plan.delay_s > 0 or self.plan.seconds_per_mib > 0
@@ -136,7 +136,7 @@ class FaultyTier(SecondaryTierManager):
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> bool | None:
         if self._lookup_rate and self._dice.lookup_raises():
             self.counters.lookup_raised += 1
-            raise InjectedFault(f"{self.name}: injected failure in lookup")
+            raise InjectedFault(f"{self.tier_type}: injected failure in lookup")
         if key in self._storing:
             return None
         return self._inner_lookup(key, req_context)
@@ -193,7 +193,7 @@ class FaultyTier(SecondaryTierManager):
         direction = job.direction.value
         if self._dice.raises():
             self.counters.raised += 1
-            raise InjectedFault(f"{self.name}: injected failure in submit_{direction}")
+            raise InjectedFault(f"{self.tier_type}: injected failure in submit_{direction}")
         injected = self._dice.fails()
         polls = self._dice.polls()
         now = ready_at = 0.0
@@ -222,7 +222,7 @@ class FaultyTier(SecondaryTierManager):
         try:
             self._forward(held.job)
         except Exception:  # the job is accepted already: it fails, as a raising tier's would
-            logger.exception("%s: inner tier raised from a deferred submit", self.name)
+            logger.exception("%s: inner tier raised from a deferred submit", self.tier_type)
             held.success = False
 
     def _release(self, held: _Held) -> JobResult:

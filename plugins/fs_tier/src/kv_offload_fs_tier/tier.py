@@ -420,7 +420,7 @@ class FileSystemTier(SecondaryTierManager):
             settings.capacity, layout.file_size(block_size) if bytes_cost else 1
         )
         self._stats = FsTierStats(
-            name=self.name,
+            name=self.tier_type,
             capacity=settings.capacity,
             capacity_unit="bytes" if bytes_cost else "blocks",
         )
@@ -558,7 +558,7 @@ class FileSystemTier(SecondaryTierManager):
         logger.log(
             logging.DEBUG if kind == "missing" else logging.WARNING,
             "tier %r: %s job %d (%d blocks) failed: %s",
-            self.name,
+            self.tier_type,
             job.direction.value,
             job.job_id,
             len(job.keys),
@@ -647,7 +647,7 @@ class FileSystemTier(SecondaryTierManager):
             if not watch.gone and job.kind not in AUTH_KINDS:
                 logger.warning(
                     "tier %r: %s job %d failed for %d of %d blocks: %s",
-                    self.name,
+                    self.tier_type,
                     job.direction.value,
                     job_id,
                     job.failed,
@@ -671,7 +671,7 @@ class FileSystemTier(SecondaryTierManager):
         logger.warning(
             "tier %r: the disk under %s %s %d %s (%d stored), below the capacity of %d: the "
             "capacity is now %d (5%% left for files in flight); free space or lower the capacity",
-            self.name,
+            self.tier_type,
             self.root_dir,
             "is full at" if full else "holds at most",
             index.disk,
@@ -698,7 +698,6 @@ class FileSystemTier(SecondaryTierManager):
     # -- stats and shutdown ---------------------------------------------------------------------
 
     def get_stats(self) -> FsTierStats:
-        self._stats.name = self.name
         return self._stats.snapshot(
             spare_files=self._io.spare_files,
             precreated_files=self._io.precreated_files,

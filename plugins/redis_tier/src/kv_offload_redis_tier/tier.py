@@ -268,10 +268,10 @@ class RedisTier(SecondaryTierManager):
                 failed.update(batch_failed)
                 reason = reason or why
         except BatchFailed as exc:
-            logger.debug("%s: job %d failed: %s", self.name, job.job_id, exc)
+            logger.debug("%s: job %d failed: %s", self.tier_type, job.job_id, exc)
             failed, reason = set(job.keys), str(exc)
         except Exception as exc:
-            logger.exception("%s: job %d failed unexpectedly", self.name, job.job_id)
+            logger.exception("%s: job %d failed unexpectedly", self.tier_type, job.job_id)
             failed, reason = set(job.keys), f"internal error: {type(exc).__name__}: {exc}"
         finally:
             success = len(failed) < len(job.keys)
