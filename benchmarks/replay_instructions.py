@@ -14,7 +14,10 @@ worktree)::
         --python .venv/bin/python --policy lru --policy arc --capacity 5000 --requests 3000
 
 The ratio printed is the first interpreter's count over each one's (above 1: fewer
-instructions than the first). Needs ``valgrind``; each measurement takes about a minute.
+instructions than the first). ``--tier BLOCKS`` measures the tiered manager instead: the CPU
+tier in front of an in-memory ``example`` tier of that many blocks (64-byte blocks; the bytes
+copied are not what is measured, the bookkeeping is). Needs ``valgrind``; each measurement
+takes about a minute.
 ``--cache-sim`` also simulates the caches and the branch predictor and compares callgrind's
 cycle estimate instead (instructions + 10 per L1 miss and per mispredicted branch + 100 per
 last-level miss): a change that saves instructions but touches more memory shows there.
@@ -57,12 +60,23 @@ with open(trace) as lines:
         requests.append((ReqContext(req_id=f"r{i}"), keys))
 """
 
-#: Run by each measured interpreter: build the requests, then replay ``repeat`` times.
+#: Run by each measured interpreter: build the requests, then replay ``repeat`` times. With a
+#: tier (``tier`` blocks, the argument after ``repeat``; 0: none) the stack is the CPU tier in
+#: front of an in-memory example tier, built from a config as ``build_manager`` does.
 CHILD = (
     READ_REQUESTS
     + """
+tier = int(sys.argv[6])
 for _ in range(int(repeat)):
-    manager = CPUOffloadingManager(int(capacity), cache_policy=policy)
+    if tier:
+        from kv_offload import build_manager
+        manager = build_manager({
+            "num_blocks": int(capacity), "block_size_bytes": 64, "policy": policy,
+            "hooks": {"autoload": False},
+            "tiers": [{"type": "example", "capacity_blocks": tier}],
+        })
+    else:
+        manager = CPUOffloadingManager(int(capacity), cache_policy=policy)
     result = replay(manager, requests)
     manager.shutdown()
 print(result.hit_blocks, result.blocks)
@@ -87,7 +101,13 @@ def cycle_estimate(stats: dict[str, int]) -> int:
 
 
 def instructions(
-    python: str, trace: Path, policy: str, capacity: int, requests: int, simulate: bool = False
+    python: str,
+    trace: Path,
+    policy: str,
+    capacity: int,
+    requests: int,
+    simulate: bool = False,
+    tier: int = 0,
 ) -> tuple[dict[str, int], str]:
     """Instructions of one replay (with ``simulate``, also its simulated cache misses and
     mispredicted branches), and its ``hit_blocks blocks`` line (same in both runs)."""
@@ -109,6 +129,7 @@ def instructions(
                 str(capacity),
                 str(requests),
                 str(repeat),
+                str(tier),
             ],
             capture_output=True,
             text=True,
@@ -136,6 +157,14 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, action="append")
     parser.add_argument("--requests", type=int, default=3000, help="first N requests")
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument(
+        "--tier",
+        type=int,
+        default=0,
+        metavar="BLOCKS",
+        help="replay through a tiered stack: the CPU tier in front of an in-memory example "
+        "tier of BLOCKS blocks (the tiered manager's path: cascades, lookups, promotions)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--cache-sim",
@@ -153,7 +182,7 @@ def main() -> None:
             first = None
             for python in pythons:
                 stats, answer = instructions(
-                    python, args.trace, policy, capacity, args.requests, args.cache_sim
+                    python, args.trace, policy, capacity, args.requests, args.cache_sim, args.tier
                 )
                 cost = cycle_estimate(stats) if args.cache_sim else stats["Ir"]
                 first = cost if first is None else first
@@ -162,6 +191,7 @@ def main() -> None:
                         "python": python,
                         "policy": policy,
                         "capacity": capacity,
+                        "tier_blocks": args.tier,
                         "instructions": stats["Ir"],
                         **({"simulated": stats, "cycle_estimate": cost} if args.cache_sim else {}),
                         "ratio_to_first": first / cost,
