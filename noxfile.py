@@ -39,6 +39,11 @@ VLLM_RELEASES = {
     "vllm-0.33": "vllm==0.33.0",
     "vllm-0.34": "vllm==0.34.0",
 }
+#: Per-test bounds (pytest-timeout) of the sessions whose tests run vLLM itself: the
+#: default suite's 120 s (pyproject.toml) is for tests that take seconds; a vLLM bridge test
+#: imports vLLM (up to a minute on a busy machine), an engine test starts real engines.
+VLLM_TIMEOUT = "--timeout=600"
+ENGINE_TIMEOUT = "--timeout=1800"
 #: The release of the smoke route (no CPU torch).
 VLLM = VLLM_RELEASES["vllm-0.33"]
 VLLM_TORCH = "torch==2.13.0"
@@ -58,18 +63,67 @@ VLLM_KV_OFFLOAD_IMPORTS = [
 ]
 
 
+#: The Pythons the suite runs on: the ones users run with vLLM.
+TEST_PYTHONS = ["3.10", "3.11", "3.13"]
+#: The suite on two pytest-xdist workers (the machine kind CI runs on has 2 cores): three
+#: Pythons' runs fit the CI budget this way (measured: 3.10 serial 500 s of tests, 3.13 on two
+#: workers 344 s, on a busy shared machine). Every test is safe in parallel: temporary
+#: directories per test, redis-server and the exporter on free ports. ``-- -n 0`` runs it
+#: serially (the last ``-n`` wins).
+XDIST = ["-n", "2"]
+#: Where nox finds the interpreters pyenv installed but does not put on PATH (pyenv's shims
+#: answer ``python3.10`` with "command not found" unless that version is selected).
+INTERPRETERS = ROOT / ".nox" / "interpreters"
+
+
+def _patch(path: Path) -> tuple[int, ...]:
+    """``3.10.13`` -> (3, 10, 13) for a path under pyenv's ``versions/3.10.13/``."""
+    version = path.parents[1].name
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def find_pyenv_interpreters() -> None:
+    """Put the newest pyenv build of each of TEST_PYTHONS on PATH as ``python3.X`` (a symlink
+    in INTERPRETERS, ahead of the shims), so ``python=`` finds it; where pyenv has none,
+    nox looks on PATH as usual (and fails under CI, skips elsewhere, when it is missing)."""
+    versions = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = {}
+    for version in TEST_PYTHONS:
+        builds = [
+            p
+            for p in versions.glob(f"{version}.*/bin/python{version}")
+            if p.parents[1].name[-1].isdigit()
+        ]
+        if builds:
+            found[version] = max(builds, key=_patch)
+    if not found:
+        return
+    INTERPRETERS.mkdir(parents=True, exist_ok=True)
+    for version, executable in found.items():
+        link = INTERPRETERS / f"python{version}"
+        if link.is_symlink() and link.readlink() == executable:
+            continue
+        link.unlink(missing_ok=True)
+        link.symlink_to(executable)
+    os.environ["PATH"] = os.pathsep.join([str(INTERPRETERS), os.environ.get("PATH", "")])
+
+
+find_pyenv_interpreters()
+
+
 def install_stack(session: nox.Session, *extras: str) -> None:
     """The core and every plugin distribution, non-editable, in one resolver run."""
     core = f".[{','.join(extras)}]" if extras else "."
     session.install(core, *PLUGINS)
 
 
-@nox.session
+@nox.session(python=TEST_PYTHONS)
 def tests(session: nox.Session) -> None:
-    """The suite. tests/redis_tier needs `redis-server` and `redis-cli` on PATH
-    (`apt-get install -y redis-server`; .ci/run installs them): skipped without, failed under CI."""
+    """The suite, on each of TEST_PYTHONS (``nox -s tests-3.11`` for one). tests/redis_tier
+    needs `redis-server` and `redis-cli` on PATH (`apt-get install -y redis-server`; .ci/run
+    installs them): skipped without, failed under CI."""
     install_stack(session, "test")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *XDIST, *session.posargs)
 
 
 def cpu_torch_wheel() -> Path | None:
@@ -99,7 +153,7 @@ def vllm_smoke(session: nox.Session, why: str) -> None:
         names = [n for n in archive.namelist() if n.endswith(".py") or ".dist-info/" in n]
         archive.extractall(src, names)
     env = {"KVO_REQUIRE_VLLM": "1", "KVO_VLLM_SMOKE_SRC": str(src)}
-    session.run("pytest", "tests/vllm_bridge", *session.posargs, env=env)
+    session.run("pytest", VLLM_TIMEOUT, "tests/vllm_bridge", *session.posargs, env=env)
     session.warn("SMOKE TEST passed: not the real vLLM environment (see above)")
 
 
@@ -161,7 +215,7 @@ def vllm(session: nox.Session) -> None:
                 "KVO_VLLM_DISTRIBUTION": distribution,
                 "KVO_VLLM_VERSION": version,
             }
-            session.run("pytest", "tests/vllm_bridge", *session.posargs, env=env)
+            session.run("pytest", VLLM_TIMEOUT, "tests/vllm_bridge", *session.posargs, env=env)
             session.run(
                 "python",
                 "benchmarks/vllm_bridge_hit_ratios.py",
@@ -265,7 +319,7 @@ def engine(session: nox.Session) -> None:
         session.run("python", "tests/engine/_tiny_llama.py", str(model))
         env = {"KVO_REQUIRE_ENGINE": "1", "KVO_ENGINE_MODEL": str(model)}
         tests = session.posargs or ["tests/engine"]
-        session.run("pytest", "-p", "no:cacheprovider", *tests, env=env)
+        session.run("pytest", "-p", "no:cacheprovider", ENGINE_TIMEOUT, *tests, env=env)
     finally:  # GBs; nox rebuilds it on every run anyway
         shutil.rmtree(session.virtualenv.location, ignore_errors=True)
 

@@ -11,6 +11,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
 from test_cli import ROOT, SCRIPT, TRACE, _env, assert_one_line_error, kvo, kvo_many
 
 
@@ -183,6 +184,7 @@ def _demo_commands() -> list[list[str]]:
     return commands
 
 
+@pytest.mark.timeout(600)  # the whole demo: about 2 minutes on a loaded machine
 def test_readme_demo_is_the_demo_sessions_real_output(tmp_path: Path) -> None:
     assert SCRIPT is not None
     outputs = []
