@@ -134,6 +134,21 @@ def cpu_torch_wheel() -> Path | None:
     return wheels[-1] if wheels else None
 
 
+def unpacked_vllm(session: nox.Session, release: str) -> Path:
+    """``release``'s wheel (``vllm==X.Y.Z``) downloaded without its dependencies and unpacked:
+    its Python files and its metadata (the bridge reads the release from the distribution that
+    provides the `vllm` package), for tests/vllm_bridge/_vllm_smoke.py's loader."""
+    session.install("typing-extensions")  # vLLM's modules import it; the stack may not
+    tmp = Path(session.create_tmp()) / release.replace("==", "-")
+    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", release, "-d", str(tmp))
+    (wheel,) = tmp.glob("vllm-*.whl")
+    src = tmp / "vllm-src"
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.endswith(".py") or ".dist-info/" in n]
+        archive.extractall(src, names)
+    return src
+
+
 def vllm_smoke(session: nox.Session, why: str) -> None:
     """No CPU torch: the smoke route (tests/vllm_bridge/_vllm_smoke.py). vLLM's wheel is
     unpacked (its Python files only) and the policy tests run against those sources with
@@ -143,15 +158,7 @@ def vllm_smoke(session: nox.Session, why: str) -> None:
         f"stubbed, tiering tests skipped"
     )
     install_stack(session, "test")
-    session.install("typing-extensions")  # vLLM's modules import it; the stack may not
-    tmp = Path(session.create_tmp())
-    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps", VLLM, "-d", str(tmp))
-    (wheel,) = tmp.glob("vllm-*.whl")
-    src = tmp / "vllm-src"
-    with zipfile.ZipFile(wheel) as archive:  # its Python files, and its metadata: the bridge
-        # reads the release from the distribution that provides the `vllm` package
-        names = [n for n in archive.namelist() if n.endswith(".py") or ".dist-info/" in n]
-        archive.extractall(src, names)
+    src = unpacked_vllm(session, VLLM)
     env = {"KVO_REQUIRE_VLLM": "1", "KVO_VLLM_SMOKE_SRC": str(src)}
     session.run("pytest", VLLM_TIMEOUT, "tests/vllm_bridge", *session.posargs, env=env)
     session.warn("SMOKE TEST passed: not the real vLLM environment (see above)")
@@ -388,7 +395,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/guard_overhead.py")
     session.run("python", "benchmarks/hooks_overhead.py")
     session.run("python", "benchmarks/prometheus_overhead.py")
-    session.run("python", "benchmarks/fs_tier.py")
+    # vLLM 0.34's fs tier beside the raw baseline, from the wheel's sources (no torch)
+    vllm_src = unpacked_vllm(session, VLLM_RELEASES["vllm-0.34"])
+    session.run("python", "benchmarks/fs_tier.py", "--vllm-src", str(vllm_src))
     session.run("python", "benchmarks/vllm_side_by_side.py")
     session.run("python", "benchmarks/redis_tier.py")
     session.run("python", "benchmarks/replay_clock.py")

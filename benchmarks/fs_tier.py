@@ -13,8 +13,16 @@ One batch of ``--blocks`` blocks of ``--block-kib`` KiB (default 256 x 256 KiB =
 * store: the same into the now full tier (the steady state of a cache: each store evicts,
   and the evicted file is recycled);
 * load: one ``submit_load`` job of the batch into other CPU rows (read, header check,
-  checksum), against a plain sequential ``read`` of the raw file into the same rows. Both read
-  what was just written, so both come from the page cache.
+  checksum), against one ``preadv`` per row of the raw file straight into the same rows (one
+  thread, one open file, no checksum). Both read what was just written, so both come from
+  the page cache.
+
+With ``--vllm-src DIR`` (an unpacked vLLM 0.34 wheel; ``nox -s bench`` downloads one) vLLM's
+own fs tier (``vllm/v1/kv_offload/tiering/fs/``: :class:`VllmFsTier`) runs in the same rounds:
+its store of the batch into an empty directory (a new file per block) beside the tier's cold
+store, its load of the batch into the same rows beside the tier's load (the two loads' order
+alternating between rounds), with as many threads, buffered, no checksum; the report gives
+the tier / vLLM ratio of each round (best and median).
 
 Each round runs raw and tier side by side for each operation, interleaved so both sides see
 the same machine; fresh tier directories and raw files per round (built outside the timing).
@@ -35,7 +43,7 @@ round (best and median; target >= 0.85x).
 
     python benchmarks/fs_tier.py [--blocks 256] [--block-kib 256] [--threads 4]
         [--rounds 7] [--fsync never|always|both] [--dir DIR] [--restart-blocks 100000]
-        [--restart-block-kib 4] [--auth] [--json] [--check]
+        [--restart-block-kib 4] [--auth] [--vllm-src DIR] [--json] [--check]
 """
 
 from __future__ import annotations
@@ -63,6 +71,9 @@ TARGET = 0.8
 AUTH_TARGET = 0.85
 AUTH_ENV = "KVO_BENCH_AUTH_SECRET"
 AUTH_OPS = ("cold_store", "store", "load")
+#: vLLM's fs tier's operations, and the tier's operation each is set against: its store
+#: writes a new file per block into a tier with room (ours fills files made while idle)
+VLLM_OPS = {"store": "cold_store", "load": "load"}
 CTX = ReqContext("bench")
 
 
@@ -115,12 +126,84 @@ def raw_store(path: Path, rows: np.ndarray, durable: bool) -> None:
 
 
 def raw_load(path: Path, rows: np.ndarray) -> None:
+    """One ``preadv`` per row, straight into it, from one open file (no checksum)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        for row in rows:
-            os.readv(fd, [row.data])
+        size = rows.shape[1]
+        for i, row in enumerate(rows):
+            os.preadv(fd, [row.data], i * size)
     finally:
         os.close(fd)
+
+
+class VllmFsTier:
+    """vLLM 0.34's fs tier (``vllm/v1/kv_offload/tiering/fs/``), run as its
+    ``FileSystemTierManager.submit_store`` / ``submit_load`` run it: each job one task of
+    ``io.batch_store_block`` / ``io.batch_load_block`` (vLLM's own functions, from the wheel's
+    sources) on its ``thread_pool.DualQueueThreadPool``, files named by ``FileMapper``'s
+    layout (``<hhh>/<hh>_g<group>/<hash>.bin``). A batch is ``threads`` jobs, one per thread:
+    one job is one task in vLLM. Buffered I/O (``use_o_direct=False``: the tier's probe picks
+    ``O_DIRECT`` where the filesystem takes it; both sides here read the page cache), no
+    checksum (vLLM has none). The manager itself is not built (its ``FileMapper`` imports
+    torch): what it does for a job before the pool, the paths and the byte offsets, is done
+    here the same way, inside the timing."""
+
+    def __init__(self, root: Path, view: memoryview, block_size: int, threads: int) -> None:
+        from vllm.v1.kv_offload import base
+        from vllm.v1.kv_offload.tiering.fs import io, thread_pool
+
+        self._io = io
+        self._base = base
+        self.root = root
+        self.view = view
+        self.block_size = block_size
+        self.threads = threads
+        self.pool = thread_pool.DualQueueThreadPool(
+            threads - threads // 2, threads // 2, thread_name_prefix="vllm-fs-bench"
+        )
+        self._jobs = 0
+
+    def path(self, key: bytes) -> str:
+        digest = self._base.get_offload_block_hash(key).hex()
+        group = self._base.get_offload_group_idx(key)
+        return f"{self.root}/{digest[:3]}/{digest[3:5]}_g{group}/{digest}.bin"
+
+    def run(self, direction: JobDirection, keys: list[bytes], rows: np.ndarray) -> None:
+        """The batch as ``threads`` jobs, each submitted as ``submit_store``/``submit_load``
+        submit one (its paths and byte offsets made at submit time, as they make them),
+        polled to completion like the tier's."""
+        store = direction is JobDirection.STORE
+        batch = self._io.batch_store_block if store else self._io.batch_load_block
+        enqueue = self.pool.enqueue_store if store else self.pool.enqueue_load
+        per = -(-len(keys) // self.threads)
+        ids = set()
+        for i in range(0, len(keys), per):
+            paths = [self.path(k) for k in keys[i : i + per]]
+            offsets = [int(r) * self.block_size for r in rows[i : i + per]]
+            self._jobs += 1
+            ids.add(self._jobs)
+            enqueue(
+                self._jobs, 1, [partial(batch, paths, self.view, offsets, self.block_size, False)]
+            )
+        while ids:
+            for job_id, success, _ in self.pool.get_finished():
+                if not success:
+                    raise SystemExit(f"vLLM's fs tier failed job {job_id}")
+                ids.discard(job_id)
+            time.sleep(0.00005)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def load_vllm(src: Path) -> None:
+    """Make ``import vllm.*`` load the unpacked vLLM wheel at ``src`` as the nox ``vllm``
+    session's smoke route does (tests/vllm_bridge/_vllm_smoke.py: the wheel's own files, no
+    package ``__init__`` run, torch and vLLM's logger stubbed)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "vllm_bridge"))
+    from _vllm_smoke import install
+
+    install(src)
 
 
 #: CPU seconds (this process, all threads) of the last ``timed`` call, by name when given
@@ -165,6 +248,7 @@ def throughput(
     rounds: int,
     fsync: str,
     auth: bool = False,
+    vllm: bool = False,
 ) -> dict[str, Any]:
     buffer = CPUKVBuffer(2 * blocks, block_size)
     rows = buffer.array
@@ -175,6 +259,7 @@ def throughput(
     durable = fsync == "always"
     times: dict[str, list[float]] = {f"{side}{op}": [] for op in OPS for side in ("", "raw_")}
     times.update({f"auth_{op}": [] for op in AUTH_OPS})
+    times.update({f"vllm_{op}": [] for op in VLLM_OPS})
     if auth:
         os.environ[AUTH_ENV] = os.urandom(32).hex()
     for r in range(rounds + 1):  # round 0 warms up, untimed
@@ -202,6 +287,9 @@ def throughput(
             JobMetadata(3 * r + 2, second, dst_ids, JobDirection.LOAD, CTX),
         ]
         measured: dict[str, float] = {}
+        vtier = None
+        if vllm:
+            vtier = VllmFsTier(base / f"vllm-{fsync}-{r}", buffer.view, block_size, threads)
 
         if signed is not None and r % 2:
             measured |= run_signed(signed, jobs, dst, src, fsync)
@@ -215,14 +303,25 @@ def throughput(
             "raw_store": timed(partial(raw_store, raw, src, durable)),  # the file again
             "store": timed(partial(run_job, tier, jobs[1]), f"{fsync} store"),
         }
+        if vtier is not None:  # into an empty directory: a new file per block, as vLLM does
+            measured["vllm_store"] = timed(partial(vtier.run, JobDirection.STORE, second, src_ids))
         dst[:] = 0
         measured["raw_load"] = timed(partial(raw_load, raw, dst))
         if not np.array_equal(dst, src):
             raise SystemExit("raw read back different bytes")
-        dst[:] = 0
-        measured["load"] = timed(partial(run_job, tier, jobs[2]), f"{fsync} load")
-        if not np.array_equal(dst, src):
-            raise SystemExit("fs tier loaded different bytes")
+        loads = [("load", partial(run_job, tier, jobs[2]))]
+        if vtier is not None:  # the order alternates: neither always runs second
+            loads.insert(
+                r % 2, ("vllm_load", partial(vtier.run, JobDirection.LOAD, second, dst_ids))
+            )
+        for name, load in loads:
+            dst[:] = 0
+            measured[name] = timed(load, f"{fsync} {name}")
+            if not np.array_equal(dst, src):
+                raise SystemExit(f"{name}: loaded different bytes")
+        if vtier is not None:
+            vtier.shutdown()
+            shutil.rmtree(vtier.root)
         # Stopped before the authenticated tier runs: their idle threads would create files
         # ahead of stores on this machine's cores during its timings.
         tier.shutdown()
@@ -249,6 +348,20 @@ def throughput(
             "ratio_best": max(r / t for r, t in zip(raw_t, tier_t)),
             "ratio_median": statistics.median(r / t for r, t in zip(raw_t, tier_t)),
             "target": TARGET,
+        }
+    if vllm:
+        result["vs_vllm"] = {
+            op: {
+                "vllm_gb_s_best": nbytes / min(times[f"vllm_{op}"]) / 1e9,
+                "vllm_gb_s_median": nbytes / statistics.median(times[f"vllm_{op}"]) / 1e9,
+                # vLLM's time / the tier's time in the same round
+                "ratio_best": max(v / t for v, t in zip(times[f"vllm_{op}"], times[ours])),
+                "ratio_median": statistics.median(
+                    v / t for v, t in zip(times[f"vllm_{op}"], times[ours])
+                ),
+                "tier_op": ours,
+            }
+            for op, ours in VLLM_OPS.items()
         }
     if auth:
         result["auth_vs_plain"] = {
@@ -315,15 +428,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-blocks", type=int, default=100_000)
     parser.add_argument("--restart-block-kib", type=int, default=4)
     parser.add_argument("--auth", action="store_true", help="also an authenticated tier")
+    parser.add_argument(
+        "--vllm-src",
+        type=Path,
+        default=None,
+        help="an unpacked vLLM 0.34 wheel: also its fs tier, in the same rounds",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--check", action="store_true", help="exit 1 below a target")
     args = parser.parse_args(argv)
+    if args.vllm_src is not None:
+        load_vllm(args.vllm_src)
     base = Path(tempfile.mkdtemp(prefix="kv-fs-bench-", dir=args.dir))
     try:
         modes = ["never", "always"] if args.fsync == "both" else [args.fsync]
         results = [
             throughput(
-                base, args.blocks, args.block_kib * 1024, args.threads, args.rounds, m, args.auth
+                base,
+                args.blocks,
+                args.block_kib * 1024,
+                args.threads,
+                args.rounds,
+                m,
+                args.auth,
+                args.vllm_src is not None,
             )
             for m in modes
         ]
@@ -353,6 +481,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['raw_gb_s_best']:>8.2f} / {r['raw_gb_s_median']:<5.2f}"
                     f"{r['ratio_best']:>8.2f} / {r['ratio_median']:<5.2f}  "
                     + (f">= {TARGET}" if r["target"] else "-")
+                )
+        for res in results:
+            for op, r in res.get("vs_vllm", {}).items():
+                print(
+                    f"{res['fsync']:<7}vLLM 0.34 fs tier {op}: "
+                    f"{r['vllm_gb_s_best']:.2f} / {r['vllm_gb_s_median']:.2f} GB/s; tier "
+                    f"{r['tier_op']} / vLLM {r['ratio_best']:.2f} / {r['ratio_median']:.2f}"
                 )
         for res in results:
             for op, r in res.get("auth_vs_plain", {}).items():

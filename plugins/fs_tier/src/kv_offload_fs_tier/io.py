@@ -7,12 +7,13 @@ block geometry, durability, authentication, the CPU buffer rows) and reports an
 :class:`Outcome` per share of a job (per key: done, failed with why, not tried), which the
 scheduler applies in ``get_finished``.
 
-**Threads** (:class:`Lanes`): one FIFO queue per thread, a key always on the same thread. One
-hash of the key picks its shard directory and its thread (:func:`.layout.key_hash`), so every
-operation on a key (store, load, delete) runs on one thread in the order the scheduler issued
-it, without a lock: an evicted block's delete runs before a later store of the same key, so
-the delete can never remove the new file. A job's keys spread over the threads, so one large
-job uses all of them; each thread's part is a share. A share that raises still reports
+**Threads** (:class:`Lanes`): one FIFO queue per thread. One hash of the key picks its shard
+directory and its thread (:func:`.layout.key_hash`), so every store and delete of a key runs
+on one thread in the order the scheduler issued it, without a lock: an evicted block's delete
+runs before a later store of the same key, so the delete can never remove the new file. A
+load has no such order to keep, and its blocks go to whichever thread is free
+(:class:`LoadWork`). A job's keys spread over the threads, so one large job uses all of them;
+each thread's part is a share. A share that raises still reports
 (``fail``), so every job reports exactly once whatever a thread does. An idle thread creates
 empty files ahead of stores, one per step, checking its queue again after each.
 
@@ -35,9 +36,12 @@ shared by the threads: the deque's ends are thread-safe, and each spare is taken
 the header and the CPU buffer row with one ``pwritev`` straight from the row, a load reads the
 header and the row with one ``preadv`` straight into the row (the ``spare`` byte of a load
 detects a file longer than a block without a ``stat``: a regular file reads short only at its
-end). Benchmark: ``benchmarks/fs_tier.py`` (the tier against raw ``preadv``/``write`` of the
-same rows and against vLLM's fs tier, same run); reference: the crash and corruption tests
-(``tests/fs_tier``).
+end); a load opens its file with ``O_NOATIME`` (no inode write for the access time, which
+``relatime`` does on the first read after a write: every promotion of a block cascaded since
+it was last read); a load's blocks go to whichever thread is free (:class:`LoadWork`), not
+to a fixed split. Benchmark: ``benchmarks/fs_tier.py`` (the tier against raw
+``preadv``/``write`` of the same rows and against vLLM's fs tier, same run); reference: the
+crash and corruption tests (``tests/fs_tier``).
 """
 
 from __future__ import annotations
@@ -87,6 +91,10 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEX
 _datasync = getattr(os, "fdatasync", os.fsync)
 _REUSE_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Loads do not write the block file's inode: under ``relatime`` (the usual mount option) the
+#: first read after a write updates the access time, a journalled inode write per load on
+#: ext4. Linux only, and only for a file this process owns (else ``EPERM``: read without).
+_NOATIME = getattr(os, "O_NOATIME", 0)
 
 
 def _write_all(fd: int, buffers: list[memoryview]) -> None:
@@ -160,12 +168,23 @@ def recycle_block(shard_fd: int, name: str, tmp_fd: int, spare_name: str) -> boo
     return True
 
 
-def read_block(shard_fd: int, name: str, head: bytearray, row: memoryview, spare: bytearray) -> int:
+def _open_to_read(shard_fd: int, name: str) -> int:
+    if _NOATIME:
+        try:
+            return os.open(name, _READ_FLAGS | _NOATIME, dir_fd=shard_fd)
+        except PermissionError:  # a file of another owner (a root_dir copied in as root)
+            pass
+    return os.open(name, _READ_FLAGS, dir_fd=shard_fd)
+
+
+def read_block(
+    shard_fd: int, name: str, head: memoryview, row: memoryview, spare: memoryview
+) -> int:
     """Read block file ``name`` into ``head`` then ``row`` (then ``spare``, for a file too
     long); the number of bytes read."""
-    fd = os.open(name, _READ_FLAGS, dir_fd=shard_fd)
+    fd = _open_to_read(shard_fd, name)
     try:
-        buffers = [memoryview(head), row, memoryview(spare)]
+        buffers = [head, row, spare]
         block_file = len(head) + len(row)
         total = 0
         while buffers:
@@ -405,41 +424,112 @@ class StoreShare(_Share):
         return outcome
 
 
-class LoadShare(_Share):
+class LoadWork:
+    """A load job's blocks, taken one at a time by a share on each of several threads.
+
+    A load keeps no order with the other operations on its keys, so unlike stores and deletes
+    (on their key's thread) its blocks go to whichever thread is free: each of them is stored
+    (a block joins the index only once its store job reported, so that store, and any delete
+    queued before it on the key's thread, has run), none is evicted while it loads, and a
+    store of a stored key writes nothing. A job then ends when its last block is read, not
+    when the thread with the most of a fixed split has read them (with 128 blocks on 4
+    threads, a split by hash gives the busiest thread ~20% more than a quarter; a thread that
+    loses its core for a while gets fewer).
+    """
+
+    def __init__(self, items: Items, shares: int) -> None:
+        self._items = items
+        self._taken = 0
+        self._shares = shares
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[bytes, int, int] | None:
+        """The next block nobody took (key, CPU slot, shard), or ``None``."""
+        with self._lock:
+            if self._taken == len(self._items):
+                return None
+            item = self._items[self._taken]
+            self._taken += 1
+            return item
+
+    def end(self) -> list[bytes]:
+        """A share stops (the blocks ran out, one failed, it raised): the keys nobody will
+        try, for the last share to stop to report (none while another share still takes)."""
+        with self._lock:
+            self._shares -= 1
+            if self._shares:
+                return []
+            rest = self._items[self._taken :]
+            self._taken = len(self._items)
+        return [key for key, _, _ in rest]
+
+
+class LoadShare:
+    """One thread's part of a load: blocks taken from the job's :class:`LoadWork` until
+    they run out or one fails (a failing disk is not hammered: each thread stops at its
+    first failure)."""
+
     direction = JobDirection.LOAD
+
+    def __init__(self, io: IOContext, job_id: int, work: LoadWork) -> None:
+        self.io = io
+        self.work = work
+        self.outcome = Outcome(job_id, self.direction)
+        self._current: bytes | None = None
 
     def __call__(self) -> Outcome:
         io = self.io
-        root = io.root
         block_size = io.block_size
         auth = io.auth
         outcome = self.outcome
-        spare = bytearray(1)
+        done = outcome.done
+        spare = memoryview(bytearray(1))
         head = bytearray(layout.HEADER_SPACE)
-        for position, (key, slot, shard) in enumerate(self.items):
-            self._next = position
-            row = io.row(slot)
-            shard_fd = root.shard_fds[shard]
-            name = key_name(key)
+        head_view = memoryview(head)
+        cpu = io.cpu
+        shard_fds = io.root.shard_fds
+        verify = layout.verify
+        take = self.work.take
+        while (item := take()) is not None:
+            key, slot, shard = item
+            self._current = key
+            row: memoryview = cpu[slot].data
+            shard_fd = shard_fds[shard]
+            name = key.hex()  # key_name
             problem: tuple[str, str] | None
             try:
-                nread = read_block(shard_fd, name, head, row, spare)
+                nread = read_block(shard_fd, name, head_view, row, spare)
             except FileNotFoundError:
                 problem = ("missing", "the block file is gone")
             except OSError as exc:
                 problem = os_reason(exc)
             else:
-                problem = layout.verify(head, key, block_size, nread, row, auth)
+                problem = verify(head, key, block_size, nread, row, auth)
             if problem is not None:
                 # Drop the file: a block that cannot be read back (or verified) is worth
                 # nothing; the root has one owner (a lock), no other reader could use it.
                 with contextlib.suppress(OSError):
                     remove_block(shard_fd, name)
                 outcome.failed.append((key, *problem))
-                outcome.untried.extend(k for k, _, _ in self.items[position + 1 :])
                 break
-            outcome.done.append(key)
-        self._next = len(self.items)
+            done.append(key)
+        self._current = None
+        outcome.untried.extend(self.work.end())
+        return outcome
+
+    def fail(self, exc: BaseException) -> Outcome:
+        """The keys done before ``exc`` stay done; the one that raised failed."""
+        logger.error(
+            "tier %r: I/O thread raised on a load (the job fails, the tier keeps serving)",
+            self.io.tier,
+            exc_info=exc,
+        )
+        outcome = self.outcome
+        if self._current is not None:
+            outcome.failed.append(
+                (self._current, "internal", f"internal error: {type(exc).__name__}: {exc}")
+            )
+            outcome.untried.extend(self.work.end())
         return outcome
 
 
@@ -575,6 +665,7 @@ class BlockIO:
         self._closed = False
         #: evicted files removed or recycled, per thread (each slot written by its thread)
         self._removed = [0] * threads
+        self._next_load_lane = 0
         self._lanes = Lanes(threads, tier, self._precreate)
 
     @property
@@ -609,13 +700,24 @@ class BlockIO:
 
     def submit(self, job_id: int, direction: JobDirection, items: list[tuple[bytes, int]]) -> int:
         """Write (``STORE``) or read (``LOAD``) ``items`` (key, CPU slot) on the threads; the
-        number of shares, each reporting one :class:`Outcome` of ``job_id``."""
-        share = StoreShare if direction is JobDirection.STORE else LoadShare
-        parts = self._split(items)
-        for lane, part in parts.items():
-            task = share(self._context, job_id, part)
-            self._lanes.submit(lane, task, task.fail)
-        return len(parts)
+        number of shares, each reporting one :class:`Outcome` of ``job_id``. A store's blocks
+        go to their keys' threads; a load's to whichever is free (:class:`LoadWork`)."""
+        if direction is JobDirection.STORE:
+            parts = self._split(items)
+            for lane, part in parts.items():
+                task = StoreShare(self._context, job_id, part)
+                self._lanes.submit(lane, task, task.fail)
+            return len(parts)
+        lanes = len(self._removed)
+        shares = min(lanes, len(items))
+        shard = layout.shard_of
+        work = LoadWork([(key, slot, shard(key)) for key, slot in items], shares)
+        first = self._next_load_lane
+        self._next_load_lane = (first + shares) % lanes  # single-block loads take turns
+        for n in range(shares):
+            share = LoadShare(self._context, job_id, work)
+            self._lanes.submit((first + n) % lanes, share, share.fail)
+        return shares
 
     def evict(self, keys: list[bytes]) -> None:
         """Remove (or recycle as spares) evicted blocks' files; nothing reports."""
