@@ -187,37 +187,37 @@ class ForeignVictimLRU(LRUCachePolicy):
 def test_a_victim_the_policy_does_not_hold_never_gets_a_slot_twice(
     make_module: ModuleFactory, register_policy: Callable[..., None]
 ) -> None:
-    """It was accepted: prepare_store gave k1's slot to k10 while k1 still lived there (and a
+    """It was accepted: prepare_store gave k0's slot to k10 while k0 still lived there (and a
     tiered stack then raised an internal RuntimeError with keys PENDING forever). Now the
-    call raises PluginError naming the policy, and no slot is handed out twice: the manager
-    refuses reads until reset_cache(), since which blocks the policy removed is unknown."""
+    call raises PluginError naming the policy, no slot is handed out twice, and the victims
+    it did remove are put back: the slot table records which key each slot was given."""
     register_policy("foreign-victim", make_module(FOREIGN_VICTIM_LRU), "ForeignVictimLRU")
     m = CPUOffloadingManager(4, cache_policy="foreign-victim")
     ctx = ReqContext(req_id="r")
     out = m.prepare_store([k(i) for i in range(4)], CTX)
     assert out is not None
     m.complete_store(out.keys_to_store, CTX)
+    before = m.get_stats()
     with pytest.raises(PluginError, match="'foreign-victim' broke the evict") as exc:
         m.prepare_store([k(10)], ctx)
     assert exc.value.plugin == "foreign-victim"
     assert "not one it held" in str(exc.value)
-    with pytest.raises(ManagerError, match="foreign-victim"):
-        m.lookup(k(1), ctx)  # no answer from a cache whose slots are in doubt
-    m.reset_cache()
-    assert m.get_stats().resident_blocks == 0
-    out = m.prepare_store([k(1), k(2)], ctx)
-    assert out is not None and len(set(out.store_spec.block_ids.tolist())) == 2
+    assert m.get_stats() == before
+    assert [m.lookup(k(i), ctx) for i in (0, 1, 2, 3, 10)] == [HIT] * 4 + [MISS]
+    assert sorted(m.block_id(k(i)) for i in range(4)) == [0, 1, 2, 3]  # type: ignore[type-var]
 
 
 #: A policy shaped as vLLM's ``CachePolicy`` is (one dict, ``evict()`` pairs, no ``__len__``)
-#: whose ``evict()`` names the same idle victim ``n`` times (removing it once); ``Sized`` is
-#: the same with ``__len__``.
+#: whose ``evict()`` breaks as ``BROKEN`` says: ``"twice"`` names the same idle victim ``n``
+#: times (removing it once); ``"foreign"`` names keys it never held, each with an idle slot of
+#: a key it holds, and removes nothing; ``"swapped"`` removes its victims but names keys it
+#: never held in their place. ``Sized`` is the same with ``__len__``.
 VLLM_SHAPED = """
 from kv_offload.policies import CachePolicy
 
 
 class VllmShaped(CachePolicy):
-    BROKEN = False
+    BROKEN = ""
 
     def __init__(self, cache_capacity):
         super().__init__(cache_capacity)
@@ -244,9 +244,13 @@ class VllmShaped(CachePolicy):
         idle = [(k, b) for k, b in self.blocks.items() if b.ref_cnt == 0 and k not in protected]
         if len(idle) < n:
             return None
-        victims = [idle[0]] * n if self.BROKEN else idle[:n]
+        if self.BROKEN == "foreign":
+            return [(b"ghost-%d" % i, block) for i, (_, block) in enumerate(idle[:n])]
+        victims = [idle[0]] * n if self.BROKEN == "twice" else idle[:n]
         for key, _ in dict(victims).items():
             del self.blocks[key]
+        if self.BROKEN == "swapped":
+            return [(b"ghost-%d" % i, block) for i, (_, block) in enumerate(victims)]
         return victims
 
 
@@ -275,16 +279,78 @@ def test_an_evict_naming_one_victim_twice_never_gives_a_slot_twice(
     assert out is not None
     m.complete_store(out.keys_to_store, CTX)
     before = state(m)
-    m.policy.BROKEN = True  # type: ignore[attr-defined]
+    m.policy.BROKEN = "twice"  # type: ignore[attr-defined]
     with pytest.raises(PluginError, match=r"broke the evict\(\) contract") as info:
         m.prepare_store([k(4), k(5)], CTX)
     assert info.value.plugin == name and info.value.kind == "policy"
+    assert "named twice" in str(info.value)
     assert state(m) == before  # stats, ref counts and slots: nothing given, nothing pending
     assert [m.lookup(k(i), CTX) for i in range(6)] == [HIT] * 4 + [MISS] * 2
-    m.policy.BROKEN = False  # type: ignore[attr-defined]
+    m.policy.BROKEN = ""  # type: ignore[attr-defined]
     out = m.prepare_store([k(4), k(5)], CTX)
     assert out is not None and len(set(out.store_spec.block_ids.tolist())) == 2
     m.complete_store(out.keys_to_store, CTX)
     assert [m.lookup(key, CTX) for key in (k(4), k(5))] == [HIT, HIT]
     stats = m.get_stats()
     assert (stats.resident_blocks, stats.pending_blocks, stats.evictions) == (4, 0, 2)
+
+
+def vllm_shaped_full(sized: bool, make_module: ModuleFactory) -> CPUOffloadingManager:
+    """A 4-block manager over ``VllmShaped`` (or ``Sized``), loaded from a module path as a
+    user loads an out-of-tree policy, holding k0..k3 idle."""
+    name = "Sized" if sized else "VllmShaped"
+    with pytest.warns(Warning, match="out-of-tree policy"):
+        m = CPUOffloadingManager(
+            4, cache_policy=name, cache_policy_module_path=make_module(VLLM_SHAPED)
+        )
+    assert hasattr(m.policy, "__len__") is sized
+    out = m.prepare_store([k(i) for i in range(4)], CTX)
+    assert out is not None
+    m.complete_store(out.keys_to_store, CTX)
+    return m
+
+
+@pytest.mark.parametrize("sized", [False, True], ids=["no-len", "len"])
+def test_an_evict_naming_keys_it_does_not_hold_never_gives_a_slot_twice(
+    sized: bool, make_module: ModuleFactory
+) -> None:
+    """Issue 37 #1, the other shape: evict() names keys it never held, each with the idle
+    slot of a key it still holds. Without ``__len__`` this was accepted, and the slots of
+    k0 and k1 were handed to k4 and k5 while k0 and k1 still lived there. Now: the
+    PluginError, and the manager as it was."""
+    m = vllm_shaped_full(sized, make_module)
+    before = state(m)
+    m.policy.BROKEN = "foreign"  # type: ignore[attr-defined]
+    with pytest.raises(PluginError, match=r"broke the evict\(\) contract") as info:
+        m.prepare_store([k(4), k(5)], CTX)
+    assert info.value.kind == "policy" and "not one it held" in str(info.value)
+    assert state(m) == before
+    assert [m.lookup(k(i), CTX) for i in range(6)] == [HIT] * 4 + [MISS] * 2
+    m.policy.BROKEN = ""  # type: ignore[attr-defined]
+    out = m.prepare_store([k(4), k(5)], CTX)
+    assert out is not None and len(set(out.store_spec.block_ids.tolist())) == 2
+    m.complete_store(out.keys_to_store, CTX)
+    assert [m.lookup(key, CTX) for key in (k(4), k(5))] == [HIT, HIT]
+    assert m.get_stats().resident_blocks == 4
+
+
+@pytest.mark.parametrize("sized", [False, True], ids=["no-len", "len"])
+def test_an_evict_that_drops_its_victims_and_names_others_fails_the_manager(
+    sized: bool, make_module: ModuleFactory
+) -> None:
+    """evict() removes k0 and k1 but names keys it never held: no slot is handed out, and
+    since the policy dropped keys it did not name, the manager refuses reads (naming the
+    policy) until reset_cache(); no key is left PENDING."""
+    m = vllm_shaped_full(sized, make_module)
+    m.policy.BROKEN = "swapped"  # type: ignore[attr-defined]
+    with pytest.raises(PluginError, match=r"broke the evict\(\) contract") as info:
+        m.prepare_store([k(4), k(5)], CTX)
+    assert "dropped key" in str(info.value)
+    stats = m.get_stats()
+    assert (stats.resident_blocks, stats.pending_blocks) == (4, 0)
+    with pytest.raises(ManagerError, match=r"VllmShaped|Sized"):
+        m.lookup(k(2), CTX)
+    m.reset_cache()
+    m.policy.BROKEN = ""  # type: ignore[attr-defined]
+    out = m.prepare_store([k(4), k(5)], CTX)
+    assert out is not None and len(set(out.store_spec.block_ids.tolist())) == 2

@@ -8,12 +8,15 @@ The policy is a plugin, and ``evict()`` removes its victims from the policy's ow
 before the manager sees them, so a broken answer must not leave hidden damage behind:
 
 * victims that break the contract (pinned, pending or protected blocks, a victim named twice,
-  the wrong number) are **put back**: re-inserted into the policy with their blocks,
-  evictable again if idle. The call raises :class:`~kv_offload.PluginError` and the manager
-  is as it was: pinned keys stay ``HIT``, ``complete_load`` works, ``get_stats()`` is
-  unchanged;
-* an ``evict()`` that raises, or returns something that is not ``(key, block)`` pairs, may
-  have removed any number of blocks the manager cannot name. The manager is then marked
+  a key named with a slot the manager did not give it, the wrong number) are **put back**:
+  re-inserted into the policy with their blocks, evictable again if idle. The call raises
+  :class:`~kv_offload.PluginError` and the manager is as it was: pinned keys stay ``HIT``,
+  ``complete_load`` works, ``get_stats()`` is unchanged. Whether a key was the one a slot
+  holds, whatever the policy implements (``__len__`` or not), is told by the slot table's
+  record of which key it gave each slot;
+* an ``evict()`` that raises, returns something that is not ``(key, block)`` pairs, or drops
+  the key of a slot while naming another key with it, may have removed blocks the manager
+  cannot name (or put back). The manager is then marked
   **failed**: every later call that reads the cache raises :class:`~kv_offload.ManagerError`
   naming the policy and its error, until ``reset_cache()`` (which empties the cache and the
   policy) or a new manager.
@@ -57,23 +60,18 @@ class Eviction:
         self._slots = slots
         self._fail = fail
         self._split = splits_victims(type(policy))  # evict_split, or evict's pairs
-        #: ``len(policy)`` if the policy can say how many keys it holds: then every victim
-        #: it names is checked to have been one it held.
-        sized = getattr(policy, "__len__", None)  # optional: not part of vLLM's CachePolicy
-        self._len: Callable[[], int] | None = sized if callable(sized) else None
 
     def choose(
         self, shortfall: int, protected: set[OffloadKey]
     ) -> tuple[list[OffloadKey], list[BlockStatus]] | None:
         """``shortfall`` victims (keys and their blocks, removed from the policy, every one
-        idle and unprotected), or ``None`` with nothing changed when not enough idle,
-        unprotected blocks exist. A broken answer raises
+        idle and unprotected, their slots freed), or ``None`` with nothing changed when not
+        enough idle, unprotected blocks exist. A broken answer raises
         :class:`~kv_offload.errors.PluginError` (the victims put back when they can be)."""
         slots = self._slots
         if shortfall > slots.num_evictable:
             return None
-        policy, split, sized = self._policy, self._split, self._len
-        held = sized() if sized is not None else -1
+        policy, split = self._policy, self._split
         answer: Any  # the policy is a plugin: its answer is checked below, not trusted
         try:
             if split:
@@ -85,47 +83,42 @@ class Eviction:
         if answer is None:
             return None
         try:
-            keys, blocks = victims(answer, split, shortfall, protected, slots, self._name)
+            return victims(answer, split, shortfall, protected, slots, self._name)
         except PluginError as exc:
-            if not self._put_back(check.as_pairs(answer) if split else answer):
-                raise self._failed(exc) from exc
+            lost = self._put_back(check.as_pairs(answer) if split else answer)
+            if lost is not None:
+                raise self._failed(LookupError(f"{exc}; {lost}")) from exc
             raise
-        # (Only for a policy whose size is the number of resident blocks, as it was before.)
-        if sized is not None and sized() != held - shortfall and held == slots.num_resident:
-            # It named a key it did not hold (or kept one it named): some victim slot is
-            # still some resident key's, and handing it out would give one slot to two keys.
-            # Which keys it removed cannot be told, so nothing can be put back.
-            named = check.describe_victims(
-                check.as_pairs(answer) if split else answer, slots.refs.__getitem__
-            )
-            raise self._failed(
-                LookupError(
-                    f"it named {shortfall} victim(s) but its size went from {held} to "
-                    f"{sized()}, so some named key was not one it held (or was not removed): "
-                    f"{named}"
-                )
-            )
-        return keys, blocks
 
-    def _put_back(self, chosen: Any) -> bool:
-        """Re-insert a contract-breaking ``evict()`` answer into the policy; ``False`` when
-        the answer is not ``(key, block)`` pairs of known slots (nothing can be put back)."""
+    def _put_back(self, chosen: Any) -> str | None:
+        """Re-insert a contract-breaking ``evict()`` answer into the policy: each victim the
+        slot table records as its slot's key and the policy no longer holds. ``None`` when
+        nothing is lost; else what was (an answer that is not ``(key, block)`` pairs of
+        known slots, or a slot whose key the policy dropped while naming another key)."""
         slots = self._slots
         try:
             pairs = [(key, block) for key, block in chosen]
-            hash(tuple(key for key, _ in pairs))
+            hash(tuple(pairs))
         except (TypeError, ValueError):
-            return False
-        if not all(isinstance(b, BlockStatus) and 0 <= b < slots.num_blocks for _, b in pairs):
-            return False
-        policy = self._policy
+            return "its answer is not (key, block) pairs"
+        owners, policy = slots.owners, self._policy
+        if not all(isinstance(b, BlockStatus) and 0 <= b < len(owners) for _, b in pairs):
+            return "its answer is not (key, BlockStatus) pairs of this manager's slots"
         for key, block in pairs:
-            if policy.get(key) is not None:
+            owner = owners[block]
+            if owner is None:
+                continue  # a slot that holds no block: nothing to put back
+            if policy.get(owner) is not None:
                 continue  # not removed (a key the policy still holds)
+            if owner != key:
+                return (
+                    f"it dropped key {check.short(owner)} of slot {int(block)} and named "
+                    f"{check.short(key)} (not one it held) instead"
+                )
             policy.insert(key, block)
             if slots.refs[block] == 0:
                 policy.mark_evictable(key)
-        return True
+        return None
 
     def _failed(self, error: BaseException) -> PluginError:
         """Fail the manager's cache reads, and return the error to raise now."""
@@ -146,32 +139,36 @@ def victims(
     slots: SlotTable,
     policy_name: str,
 ) -> tuple[list[OffloadKey], list[BlockStatus]]:
-    """A policy's eviction answer as keys and blocks, checked against the contract: ``(keys,
-    blocks)`` from ``evict_split`` when ``split``, else ``evict()``'s ``(key, block)`` pairs.
+    """A policy's eviction answer as keys and blocks, checked against the contract and their
+    slots freed: ``(keys, blocks)`` from ``evict_split`` when ``split``, else ``evict()``'s
+    ``(key, block)`` pairs.
 
     The policy is a plugin: a victim that is pinned, pending or protected would have its
-    bytes overwritten while in use, so the contract is checked, not trusted. The check runs
-    on every eviction (here, not in :mod:`~kv_offload.cpu.validation`, which only builds
-    errors); the error is built there when it fails.
+    bytes overwritten while in use, and a victim named twice, or a key named with a slot that
+    is not its own, would give one slot to two keys; so the contract is checked, not trusted.
+    The check runs on every eviction, and the slot table's part of it (each slot resident,
+    idle and allocated to the key named, none named twice:
+    :meth:`~kv_offload.cpu.slots.SlotTable.free_victims`) in the pass that frees the slots,
+    whether or not the policy has a ``__len__``. The error is built by
+    :mod:`~kv_offload.cpu.validation` when it fails.
     """
     try:
         keys, blocks = answer if split else split_pairs(answer)
         kept = (
             len(keys) == expected == len(blocks)
-            and not any(map(slots.refs.__getitem__, blocks))  # idle (raises for a non-slot)
             and protected.isdisjoint(keys)
-            and (expected == 1 or len(set(keys)) == expected)  # no victim named twice
+            and slots.free_victims(keys, blocks)
         )
     except (TypeError, ValueError, IndexError):
         kept = False
     if not kept:
         method = "evict_split" if split else "evict"
         named = check.as_pairs(answer) if split else answer
-        got = check.describe_victims(named, slots.refs.__getitem__)
+        got = check.describe_victims(named, slots.refs.__getitem__, slots.owners)
         raise PluginError(
             f"policy {policy_name!r} broke the evict() contract: asked for {expected} "
-            f"(key, BlockStatus) pairs of idle, unprotected blocks, got {got}; fix the "
-            f"policy's {method}()",
+            f"(key, BlockStatus) pairs of distinct, idle, unprotected blocks it holds, got "
+            f"{got}; fix the policy's {method}()",
             kind="policy",
             plugin=policy_name,
         )

@@ -387,14 +387,13 @@ class CPUOffloadingManager(OffloadingManager):
                 return None
             evicted, victim_blocks = chosen
             if (sink := self.eviction_sink) is not None:
-                sink(evicted, victim_blocks)  # before the slots are freed: bytes still intact
-            self._slots.release_idle(victim_blocks)
+                sink(evicted, victim_blocks)  # before the slots are reused: bytes still intact
             self.counters.evictions += shortfall
             if self.event_log is not None:
                 self.event_log.record(evicted, MEDIUM_CPU, True)
         # Counted once eviction can no longer raise: a broken policy leaves the stats as they were.
         self.counters.observe_allocation(count)
-        new_blocks = self._slots.allocate(count)
+        new_blocks = self._slots.allocate(to_store)
         self._policy.insert_many(to_store, new_blocks)
         output = PrepareStoreOutput(to_store, CPULoadStoreSpec(new_blocks), evicted)
         if evicted and (hook := self.hooks.blocks_evicted) is not None:
@@ -416,7 +415,9 @@ class CPUOffloadingManager(OffloadingManager):
         if not self._slots.finish_store(blocks, success):
             if self._closed:
                 raise check.closed_error("complete_store")
-            raise check.storable_error(key_list, self._slots.counts(blocks))
+            raise check.storable_error(
+                key_list, self._slots.counts(blocks), self._slots, self.cache_policy_name
+            )
         if success:
             self.counters.stored += len(key_list)
             if self._mark_evictable is not None:

@@ -10,8 +10,12 @@ correctness, and ``benchmarks/replay.py`` (throughput) and ``benchmarks/memory.p
 per resident block) for speed and size.
 
 A slot's ref count: ``-1`` pending (a store is in flight), ``0`` idle (readable, evictable),
-``n > 0`` pinned by ``n`` readers. The table only counts; which key a slot holds is the
-policy's business, and which calls are legal the manager's.
+``n > 0`` pinned by ``n`` readers. Which key a block is found under is the policy's business;
+the table also records which key each resident slot was allocated to (:attr:`SlotTable.owners`,
+a list written by C-level bulk calls; a dict measured 5% of a replay's instructions, rebuilt
+every few hundred stores by its deletes), the manager's own record that a policy's
+eviction answer is checked against in the pass that frees the victims
+(:meth:`SlotTable.free_victims`). Which calls are legal is the manager's business.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class SlotTable:
         #: ref count per slot id; the list object never changes (statuses read it).
         self.refs: list[int] = [PENDING_REF_CNT] * num_blocks
         self._status_cls: type[BlockStatus] = bind_block_status(self.refs)
+        #: per slot id, the key it was allocated to (``None`` for a slot that holds no block)
+        self.owners: list[Any] = [None] * num_blocks
         self.free: list[BlockStatus] = []
         self.num_allocated = 0
         #: never-used slots plus freed ones (kept, not computed: prepare_store reads it)
@@ -141,23 +147,47 @@ class SlotTable:
                 refs[block] = 0
             self.num_evictable += count
         else:
+            owners = self.owners
+            for block in blocks:
+                owners[block] = None
             self.free.extend(blocks)
             self.num_free += count
         return True
 
+    def free_victims(self, keys: Any, blocks: Any) -> bool:
+        """Free the slots of evicted ``keys`` (``blocks[i]`` is ``keys[i]``'s), if each is a
+        resident, idle slot allocated to that key and none is named twice; else ``False`` and
+        no change. In C-level passes (the check runs on every eviction of a full cache): the
+        slots' owners against the keys named (a slot that holds no block has none), their
+        ref counts, and distinct slots."""
+        owners = self.owners
+        count = len(blocks)
+        try:
+            named = list(map(owners.__getitem__, blocks))
+            kept = (
+                (named == keys if type(keys) is list else named == list(keys))
+                and not any(map(self.refs.__getitem__, blocks))
+                and (count == 1 or len(set(blocks)) == count)
+            )
+        except (IndexError, TypeError):
+            kept = False
+        if not kept:
+            return False
+        # Their owners stay recorded: prepare_store allocates every free slot right after an
+        # eviction (it evicts only the shortfall), which records the slots' new keys.
+        self.free.extend(blocks)
+        self.num_free += count
+        self.num_evictable -= count
+        return True
+
     # -- unchecked changes (the caller checked) ---------------------------------------------
 
-    def release_idle(self, blocks: list[BlockStatus]) -> None:
-        """Idle blocks go back to the free list (they were evicted)."""
-        self.free.extend(blocks)
-        self.num_free += len(blocks)
-        self.num_evictable -= len(blocks)
-
-    def allocate(self, count: int) -> list[BlockStatus]:
-        """``count`` slots, marked pending: never-used slots first, then freed ones, last
-        freed first."""
+    def allocate(self, keys: list[Any]) -> list[BlockStatus]:
+        """A slot per key, marked pending and recorded as the key's in :attr:`owners`:
+        never-used slots first, then freed ones, last freed first."""
         free = self.free
         refs = self.refs
+        count = len(keys)
         fresh = self.num_blocks - self.num_allocated
         if fresh > count:
             fresh = count
@@ -172,16 +202,30 @@ class SlotTable:
         self.num_pending += count
         self.num_free -= count
         if not fresh:  # the steady state of a full cache
+            any(map(self.owners.__setitem__, reused, keys))  # setitem returns None: all run
             return reused
         start = self.num_allocated
         self.num_allocated += fresh
         refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
         status = self._status_cls
+        self.owners[start : start + fresh] = keys[:fresh] if reused else keys
+        if reused:
+            any(map(self.owners.__setitem__, reused, keys[fresh:]))
         return [status(slot) for slot in range(start, start + fresh)] + reused
+
+    def pending_slot_of(self, key: Any) -> int | None:
+        """The pending slot allocated to ``key``, if any: a pass over the table, for the
+        diagnosis of a policy that lost a key it was given, never on the fast path."""
+        refs = self.refs
+        for slot, owner in enumerate(self.owners):
+            if owner is not None and owner == key and refs[slot] == PENDING_REF_CNT:
+                return slot
+        return None
 
     def clear(self) -> None:
         """Every slot unused again."""
         self.num_allocated = 0
+        self.owners[:] = [None] * self.num_blocks
         self.free.clear()
         self.num_free = self.num_blocks
         self.num_evictable = 0

@@ -19,7 +19,7 @@ from ..errors import (
     PluginError,
 )
 from ..keys import OffloadKey, all_offload_keys, is_offload_key
-from .slots import not_pending, not_pinned, not_readable
+from .slots import SlotTable, not_pending, not_pinned, not_readable
 
 __all__ = [
     "admitted",
@@ -179,10 +179,29 @@ def not_pinned_error(
 
 
 def storable_error(
-    key_list: Sequence[OffloadKey], counts: Sequence[int | None]
-) -> InvalidArgumentError | KeyStateError:
-    """Why ``complete_store`` refused a batch: a repeated key, or a key not pending."""
-    return malformed_keys(key_list, "complete_store") or key_state_error(
+    key_list: Sequence[OffloadKey],
+    counts: Sequence[int | None],
+    slots: SlotTable,
+    policy_name: str,
+) -> InvalidArgumentError | KeyStateError | PluginError:
+    """Why ``complete_store`` refused a batch: a repeated key; a key the policy lost (its slot
+    is pending, allocated to that key by ``prepare_store``, but the policy's ``get()`` does
+    not find it: its ``insert()`` did not keep the block); or a key not pending."""
+    malformed = malformed_keys(key_list, "complete_store")
+    if malformed is not None:
+        return malformed
+    for key, count in zip(key_list, counts):
+        if count is None and (slot := slots.pending_slot_of(key)) is not None:
+            return PluginError(
+                f"complete_store: policy {policy_name!r} broke the insert() contract: "
+                f"prepare_store gave key {short(key)} slot {slot} and inserted it, but the "
+                f"policy's get() no longer finds it (its insert() did not keep the block); "
+                f"fix the policy's insert() (or insert_many()). The slot stays pending: call "
+                f"reset_cache() or build a new manager",
+                kind="policy",
+                plugin=policy_name,
+            )
+    return key_state_error(
         "complete_store",
         key_list,
         counts,
@@ -201,13 +220,34 @@ def as_pairs(answer: Any) -> Any:
         return answer
 
 
-def describe_victims(victims: Any, ref_count: Callable[[int], int]) -> str:
-    """What a policy's broken ``evict()`` returned, with each block's ref count if possible."""
+def describe_victims(
+    victims: Any, ref_count: Callable[[int], int], owners: list[Any] | None = None
+) -> str:
+    """What a policy's broken ``evict()`` returned, with each block's ref count if possible,
+    and (given the slot table's ``owners``) the first victim named twice, or named with a
+    slot that is not its own."""
     try:
-        shown = [(key, ref_count(block)) for key, block in list(victims)[:5]]
-        return f"(key, ref_cnt) {short(shown)} ({len(victims)} in all)"
+        pairs = list(victims)
+        shown = [(key, ref_count(block)) for key, block in pairs[:5]]
+        text = f"(key, ref_cnt) {short(shown)} ({len(pairs)} in all)"
     except Exception:
         return short(victims)
+    if owners is None:
+        return text
+    seen: set[Any] = set()
+    for key, block in pairs:
+        try:
+            if block in seen:
+                return f"{text}: slot {int(block)} is named twice"
+            seen.add(block)
+            owner = owners[block] if 0 <= block < len(owners) else None
+        except TypeError:
+            return text
+        if owner is None:
+            return f"{text}: slot {short(block)} holds no block"
+        if owner != key:
+            return f"{text}: key {short(key)} is not the key of slot {int(block)} (not one it held)"
+    return text
 
 
 def bad_batch(
