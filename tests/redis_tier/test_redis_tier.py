@@ -22,7 +22,7 @@ from _redis_stack import BLOCK, assert_quiet, load_and_check, redis_stack, resol
 from _tiers import key
 from kv_offload import ConfigError, LookupResult, ReqContext, TieringOffloadingManager
 from kv_offload_redis_tier import RedisTier
-from kv_offload_redis_tier.codec import check
+from kv_offload_redis_tier.stored import check
 from kv_offload_redis_tier.wire import exists_many
 from redis.cluster import key_slot
 

@@ -14,8 +14,8 @@ from _redis_servers import free_port
 from _redis_stack import BLOCK, assert_quiet, redis_stack, resolve, store
 from _tiers import key
 from kv_offload import ConfigError, LookupResult, ReqContext
-from kv_offload_redis_tier import codec
-from kv_offload_redis_tier.breaker import CircuitBreaker
+from kv_offload_redis_tier import stored as codec
+from kv_offload_redis_tier.io import CircuitBreaker
 from kv_offload_redis_tier.wire import Parts, ZeroCopyPacker
 
 SECRET = "pa55-in-url"

@@ -6,8 +6,8 @@ Select it with ``[[tiers]] type = "redis"``; the options are the arguments of
 
 from __future__ import annotations
 
-from .codec import FORMAT_VERSION
 from .settings import RedisTierSettings
+from .stored import FORMAT_VERSION
 from .tier import RedisTier, RedisTierStats
 
 __all__ = ["FORMAT_VERSION", "RedisTier", "RedisTierSettings", "RedisTierStats"]

@@ -1,31 +1,29 @@
-"""The Redis tier: block bytes shared by many engines through Redis/Valkey, standalone or Cluster.
+"""The Redis tier's scheduler side: block bytes shared by many engines through Redis/Valkey.
 
-Scheduler side (never blocks): ``submit_*`` hand the job to a small thread pool and return;
-``lookup`` answers from what this tier knows (a store in flight: ``None``) or through
-:class:`kv_offload.tiering.AsyncLookup`, which checks all keys asked in a scheduler step with one
-pipelined ``EXISTS`` round trip per server, flushed in ``on_schedule_end``; ``get_finished``
-collects results. Every accepted job reports exactly one result, with the reason it failed.
+Everything here runs on the engine's scheduler thread and never blocks: ``submit_*`` take the
+job (or refuse it at once, saying why) and hand the I/O side (:mod:`.io`) an immutable
+:class:`~.io.Transfer`; ``lookup`` answers from what this tier knows (a store in flight:
+``None``) or through :class:`kv_offload.tiering.AsyncLookup`, which checks all keys asked in a
+scheduler step with one pipelined ``EXISTS`` round trip per server, flushed in
+``on_schedule_end``; ``get_finished`` takes the I/O side's results and settles this side's
+state with them. Every accepted job reports exactly one result, with the reason it failed.
 
-I/O side (the pool's threads): a job goes out in batches of ``batch_blocks`` blocks
-(:mod:`.blocks`), one pipeline per server per batch, each round trip through the server's
-circuit breaker (:mod:`.transport`), once the namespace is claimed for this block size and
-format (:mod:`.namespace`).
+State and its owner: this module owns the jobs with a result pending, the keys of stores in
+flight, the lookup helper and its answers, and the counts of jobs it refused; the I/O side
+owns its servers, namespace claim, queue of finished jobs and its counters. Neither writes
+the other's: :attr:`RedisTier.stats` and ``get_stats`` add the two sides' counts up.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
-from collections import deque
 from collections.abc import Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 import numpy as np
 from kv_offload import OffloadKey, ReqContext
-from kv_offload.block_auth import AuthFailureLog
 from kv_offload.tiering import (
     AsyncLookup,
     JobMetadata,
@@ -34,16 +32,10 @@ from kv_offload.tiering import (
     SecondaryTierManager,
 )
 
-from .blocks import Batch, BlockIO
-from .namespace import Namespace
-from .servers import Servers
+from .io import IOSide, RedisTierStats, Transfer
 from .settings import RedisTierSettings
-from .stats import Counters, RedisTierStats
-from .transport import BatchFailed, Transport
 
 __all__ = ["RedisTier", "RedisTierStats"]
-
-logger = logging.getLogger("kv_offload.redis_tier")
 
 
 @functools.cache
@@ -116,36 +108,24 @@ class RedisTier(SecondaryTierManager):
             auth_key_previous_env=auth_key_previous_env,
         )
         self._auth = s.auth
-        self._counters = Counters()
         self._block = config.block_size_bytes
-        self._servers = Servers(s)
-        transport = Transport(tier_type, s, self._servers, self._counters)
-        self._namespace = Namespace(s, self._servers, transport, self._block, s.auth)
-        try:
-            self._namespace.check(at_startup=True)
-        except BaseException:
-            self._servers.close()  # no thread started yet; leave no socket behind either
-            raise
-        self._pool = ThreadPoolExecutor(s.io_threads, thread_name_prefix=f"kv-offload-{tier_type}")
-        self._done: deque[tuple[JobResult, JobMetadata]] = deque()
-        self._in_flight = 0
+        self._io = IOSide(s, np.asarray(primary_kv_view), self._block)
+        self._jobs: dict[int, JobMetadata] = {}  # every job whose result is not reported yet
+        self._refused: list[JobResult] = []  # jobs failed at submission, reported next
+        self._counted = RedisTierStats()  # what this side counts (jobs it refused)
         self._storing: dict[OffloadKey, int] = {}  # keys of this tier's stores in flight
-        self._lookups = AsyncLookup(self._exists, name=tier_type, max_results=s.lookup_cache)
-        self._blocks = BlockIO(
-            transport,
-            np.asarray(primary_kv_view),
-            self._block,
-            s.auth,
-            self._counters,
-            AuthFailureLog(tier_type, logger),
-            self._lookups.forget,
-        )
+        self._lookups = AsyncLookup(self._io.exists, name=tier_type, max_results=s.lookup_cache)
         self._closed = False
 
     @property
     def stats(self) -> RedisTierStats:
-        """The live counters (``get_stats()`` is a consistent copy)."""
-        return self._counters.stats
+        """The counters now: the I/O side's plus this side's (``get_stats()`` adds the lookup
+        helper's and the jobs in flight)."""
+        io = self._io.counters.snapshot()
+        mine = self._counted
+        return RedisTierStats(
+            **{f.name: io[f.name] + getattr(mine, f.name) for f in fields(RedisTierStats)}
+        )
 
     def __repr__(self) -> str:
         s = self.settings
@@ -175,18 +155,24 @@ class RedisTier(SecondaryTierManager):
         if self._accept(job):
             for key in job.keys:
                 self._storing[key] = self._storing.get(key, 0) + 1
-            self._pool.submit(self._run, job, self._blocks.store)
+            self._io.submit(
+                Transfer(job.job_id, tuple(job.keys), tuple(job.block_ids.tolist()), False)
+            )
 
     def submit_load(self, job: JobMetadata) -> None:
         if self._accept(job):
-            self._pool.submit(self._run, job, self._blocks.load)
+            self._io.submit(
+                Transfer(job.job_id, tuple(job.keys), tuple(job.block_ids.tolist()), True)
+            )
 
     def get_finished(self) -> list[JobResult]:
         results: list[JobResult] = []
-        done = self._done
-        while done:
-            result, job = done.popleft()
-            self._in_flight -= 1
+        finished = self._io.get_finished()
+        if self._refused:
+            finished[:0] = self._refused
+            self._refused = []
+        for result in finished:
+            job = self._jobs.pop(result.job_id)
             failed = result.failed_keys if result.success else frozenset(job.keys)
             if job.is_promotion:
                 # Whatever made a key fail (server down, value gone or corrupt), what the
@@ -208,9 +194,11 @@ class RedisTier(SecondaryTierManager):
 
     def get_stats(self) -> dict[str, Any]:
         """The counters of :class:`RedisTierStats` plus the lookup helper's, as a dict."""
-        out = self._counters.snapshot()
+        out = self._io.counters.snapshot()
+        for name, value in asdict(self._counted).items():
+            out[name] += value
         out["lookups"] = asdict(self._lookups.stats)
-        out["jobs_in_flight"] = self._in_flight
+        out["jobs_in_flight"] = len(self._jobs)
         return out
 
     def settle_lookups(self, timeout: float) -> bool:
@@ -222,77 +210,28 @@ class RedisTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        self._pool.shutdown(wait=True)
+        self._io.close()
         self._lookups.shutdown()
-        self._servers.close()
 
     def _accept(self, job: JobMetadata) -> bool:
         """Take the job, or report it failed at once, saying why (closed, overloaded, server
         down)."""
-        self._in_flight += 1
+        self._jobs[job.job_id] = job
         reason = None
+        counted = self._counted
         if self._closed:
             reason = "the tier is shut down"
-        elif self._in_flight > self.settings.max_in_flight:
-            self._counters.count(refused_jobs=1)
+        elif len(self._jobs) > self.settings.max_in_flight:
+            counted.refused_jobs += 1
             reason = f"{self.settings.max_in_flight} jobs in flight already (max_in_flight)"
-        elif not self.settings.cluster and self._servers.standalone_blocked():
-            self._counters.count(fast_failed_jobs=1)
+        elif not self.settings.cluster and self._io.down():
+            counted.fast_failed_jobs += 1
             reason = f"{self.settings.safe_url} is down; retrying later"
         if reason is None:
             return True
-        self._counters.job_failed(job.is_promotion)
-        self._done.append((JobResult(job.job_id, success=False, reason=reason), job))
+        if job.is_promotion:
+            counted.failed_load_jobs += 1
+        else:
+            counted.failed_store_jobs += 1
+        self._refused.append(JobResult(job.job_id, success=False, reason=reason))
         return False
-
-    # -- the I/O side ---------------------------------------------------------------------
-
-    def _run(self, job: JobMetadata, batch: Batch) -> None:
-        """One job, batch after batch; always ends in exactly one result. A batch returns the
-        keys it could not store or load (their server down, their value gone or corrupt):
-        only those fail, the job's other keys succeed (``JobResult.failed_keys``), so one
-        dead Cluster master fails the keys in its slots, not every job that touches it."""
-        failed: set[OffloadKey] = set()
-        reason: str | None = None
-        try:
-            namespace = self._namespace
-            if namespace.fatal is not None:
-                raise BatchFailed(namespace.fatal)
-            namespace.check(at_startup=False)
-            slots = job.block_ids.tolist()
-            step = self.settings.batch_blocks
-            for start in range(0, len(job.keys), step):
-                batch_failed, why = batch(
-                    job.keys[start : start + step], slots[start : start + step]
-                )
-                failed.update(batch_failed)
-                reason = reason or why
-        except BatchFailed as exc:
-            logger.debug("%s: job %d failed: %s", self.tier_type, job.job_id, exc)
-            failed, reason = set(job.keys), str(exc)
-        except Exception as exc:
-            logger.exception("%s: job %d failed unexpectedly", self.tier_type, job.job_id)
-            failed, reason = set(job.keys), f"internal error: {type(exc).__name__}: {exc}"
-        finally:
-            success = len(failed) < len(job.keys)
-            if failed:
-                self._counters.job_failed(job.is_promotion)
-            result = JobResult(
-                job.job_id,
-                success,
-                reason if failed else None,
-                frozenset(failed) if success else frozenset(),
-            )
-            self._done.append((result, job))
-
-    def _exists(self, keys: list[OffloadKey]) -> list[bool]:
-        """The AsyncLookup resolver (:meth:`BlockIO.exists`); every key a miss while the
-        namespace cannot be used."""
-        namespace = self._namespace
-        if namespace.fatal is not None:
-            return [False] * len(keys)
-        try:
-            namespace.check(at_startup=False)
-        except BatchFailed:
-            return [False] * len(keys)
-        return self._blocks.exists(keys)
