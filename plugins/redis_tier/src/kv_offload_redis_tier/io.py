@@ -358,11 +358,12 @@ class BatchFailed(Exception):
 class Transport:
     """Talking to one server of the tier: a pipelined round trip through its circuit breaker.
 
-    A connection failure or a timeout opens the server's breaker (:class:`CircuitBreaker`): later batches
-    for it fail at once, without I/O, until a retry after ``retry_after_s`` (doubling). In a
-    Cluster a failing or rerouting node may have been replaced (a replica promoted to its slots),
-    so the slot map is read again and the next batch goes to the new owner: the tier heals without
-    a restart. Failures come back as :class:`BatchFailed` with a reason a ``JobResult`` can carry.
+    A connection failure or a timeout opens the server's breaker (:class:`CircuitBreaker`):
+    later batches for it fail at once, without I/O, until a retry after ``retry_after_s``
+    (doubling). In a Cluster a failing or rerouting node may have been replaced (a replica
+    promoted to its slots), so the slot map is read again and the next batch goes to the new
+    owner: the tier heals without a restart. Failures come back as :class:`BatchFailed` with
+    a reason a ``JobResult`` can carry.
     """
 
     def __init__(
