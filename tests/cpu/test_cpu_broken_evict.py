@@ -270,14 +270,7 @@ def test_an_evict_naming_one_victim_twice_never_gives_a_slot_twice(
     PENDING forever. Now the call raises the PluginError naming the policy, and the manager
     is as it was."""
     name = "Sized" if sized else "VllmShaped"
-    with pytest.warns(Warning, match="out-of-tree policy"):
-        m = CPUOffloadingManager(
-            4, cache_policy=name, cache_policy_module_path=make_module(VLLM_SHAPED)
-        )
-    assert hasattr(m.policy, "__len__") is sized
-    out = m.prepare_store([k(i) for i in range(4)], CTX)
-    assert out is not None
-    m.complete_store(out.keys_to_store, CTX)
+    m = vllm_shaped_full(sized, make_module)
     before = state(m)
     m.policy.BROKEN = "twice"  # type: ignore[attr-defined]
     with pytest.raises(PluginError, match=r"broke the evict\(\) contract") as info:
