@@ -82,3 +82,26 @@ def test_a_failing_create_stops_the_idle_work_and_the_tier_serves(
     m.reset_cache()
     assert promote(m, key(0), ctx) is HIT
     m.shutdown()
+
+
+def test_a_store_whose_spare_file_vanished_writes_a_new_file(tmp_path: Path) -> None:
+    """A spare listed by the pool but gone from ``tmp/`` (the scan of a ``root_dir`` that
+    came back removed it while an idle thread had just listed it; CI hit this once in the
+    removed-``blocks/`` test) failed the store with ENOENT. It now writes a new file."""
+    root = tmp_path / "fs"
+    m = build_fs_stack(root, cpu_blocks=4, capacity_blocks=8)
+    tier = m.tiers[0]
+    assert isinstance(tier, FileSystemTier)
+    wait_for_spares(tier, 8)
+    for spare in tmp_entries(root):
+        spare.unlink()
+    ctx = ReqContext("r")
+    keys = [key(i) for i in range(8)]
+    for start in (0, 4):
+        store(m, keys[start : start + 4], ctx)
+    stats = tier.get_stats()
+    assert stats.failed_store_jobs == 0, stats
+    m.reset_cache()
+    for k in keys:
+        assert promote(m, k, ctx) is HIT
+    m.shutdown()

@@ -127,15 +127,20 @@ def write_block(
     ``spare`` (name in ``tmp/``, size) is an evicted block's file to overwrite instead of
     creating a new one: on ext4 a new file's first write costs ~10x an overwrite (measured
     by ``benchmarks/fs_tier.py``, "cold" against "steady" stores). It is as invisible as a
-    new temporary file until the rename.
+    new temporary file until the rename. A spare that is no longer there (a scan of a
+    reopened ``root_dir`` removed it, or a user did) costs nothing but the new file.
     """
     size = sum(len(part) for part in header) + len(row)
+    fd = -1
+    if spare is not None:
+        tmp_name = spare[0]
+        try:
+            fd = os.open(tmp_name, _REUSE_FLAGS, dir_fd=tmp_fd)
+        except FileNotFoundError:
+            spare = None
     if spare is None:
         tmp_name = name + ".tmp"
         fd = os.open(tmp_name, _WRITE_FLAGS, 0o600, dir_fd=tmp_fd)
-    else:
-        tmp_name = spare[0]
-        fd = os.open(tmp_name, _REUSE_FLAGS, dir_fd=tmp_fd)
     try:
         try:
             _write_all(fd, [*header, row])
@@ -295,18 +300,24 @@ class SparePool:
         """Create files ahead again (a new ``tmp/``: the failure that stopped it is past)."""
         self._precreating = self.precreate_files > 0
 
-    def drop_all(self, tmp_fd: int | None) -> None:
-        """Delete every spare (a full disk: their space is wanted for blocks; shutdown), or
-        forget them (``tmp_fd`` ``None``: their directory is gone)."""
+    def forget(self) -> None:
+        """Their directory is gone: forget every spare and create none until :meth:`resume`
+        (one created meanwhile would be listed after the scan of the new directory removed
+        it, or be left in it unlisted)."""
+        with self._precreate_lock:
+            self._precreating = False
+            self._spares.clear()
+
+    def drop_all(self, tmp_fd: int) -> None:
+        """Delete every spare (a full disk: their space is wanted for blocks; shutdown)."""
         spares = self._spares
         while True:
             try:
                 name, _ = spares.popleft()  # an I/O thread may take one too: each once
             except IndexError:
                 return
-            if tmp_fd is not None:
-                with contextlib.suppress(OSError):
-                    remove_block(tmp_fd, name)
+            with contextlib.suppress(OSError):
+                remove_block(tmp_fd, name)
 
 
 # -- what a thread runs: one share of a job ---------------------------------------------------
@@ -685,6 +696,7 @@ class BlockIO:
             self._context.cpu,
             self._spares,
         )
+        self._spares.forget()  # any listed were in the old ``tmp/``, which the scan emptied
         self._spares.resume()
 
     def _split(self, items: list[tuple[bytes, int]]) -> dict[int, Items]:
@@ -757,7 +769,7 @@ class BlockIO:
 
     def forget_spares(self) -> None:
         """Forget every spare file (their directory is gone; a scan removes any left)."""
-        self._spares.drop_all(None)
+        self._spares.forget()
 
     def _precreate(self) -> bool:
         """Idle work of a thread: one empty spare file ahead of stores, if the capacity has
