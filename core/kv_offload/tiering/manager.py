@@ -390,10 +390,7 @@ class TieringOffloadingManager(OffloadingManager):
     def _cascade_present(self, keys: list[OffloadKey], whole: WholeRequest) -> None:
         """Cascade the request's ``keys`` that are readable in the CPU tier to the tiers that
         want it whole (the request scope decides, parking keys still being promoted)."""
-        ref_count = self.primary.ref_count
-        ready = self._scope.ready(
-            whole, keys, [ref_count(k) for k in keys], self._promotions.promoting
-        )
+        ready = self._scope.ready(whole, keys, self._promotions.promoting, self.primary.ref_count)
         if ready:
             for tier in whole.tiers:
                 self._cascade(tier, ready, whole.context)

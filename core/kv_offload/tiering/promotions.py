@@ -13,7 +13,9 @@ CPU tier or submits a job (the tiered manager does, :mod:`kv_offload.tiering.man
   or ``PENDING``); *reserved*: the manager reserved a CPU slot and :meth:`Promotions.reserved`
   queues the load until the step ends; *loading*: :meth:`Promotions.take_queued` hands the
   step's loads out as one job per (tier, request); *landed* / *failed*: the job's result.
-  ``promoting`` holds every key between *reserved* and the result.
+  A key's promotion is one :class:`Promotion` from *reserved* to the result (its tier,
+  request, CPU slot, when it was reserved, whether it is loading or expired), in
+  ``promoting``; a tier's failure records (*backoff*) are in the tier's record.
 The bound on every ``PENDING`` answer, whatever a tier does:
 
 * a promotion not landed ``timeout`` seconds after its slot was reserved *expires*: its
@@ -38,12 +40,13 @@ from ..errors import KeyStateError, ManagerError, PluginError
 from ..keys import OffloadKey
 from ..types import LookupResult, ReqContext
 from .faults import FaultReporter
-from .record import TierRecord
+from .record import Backoff, TierRecord
 
 __all__ = [
     "DEFAULT_BACKOFF",
     "DEFAULT_MAX_FAILURES",
     "DEFAULT_TIMEOUT",
+    "Promotion",
     "PromotionLimits",
     "Promotions",
 ]
@@ -59,7 +62,8 @@ DEFAULT_TIMEOUT = 10.0
 DEFAULT_BACKOFF = 1.0
 #: Default failures in a row after which a tier is not asked again until the key is stored.
 DEFAULT_MAX_FAILURES = 3
-#: Backoff records kept at most (the oldest is forgotten first: it is then asked again).
+#: Backoff records kept per tier at most (the oldest is forgotten first: it is then asked
+#: again).
 MAX_RECORDS = 1 << 17
 
 
@@ -74,19 +78,19 @@ class PromotionLimits:
     max_failures: int = DEFAULT_MAX_FAILURES
 
 
-@dataclass
-class _Promotion:
-    """One key between *reserved* and its job's result."""
+@dataclass(eq=False)
+class Promotion:
+    """One key's promotion, from its reserved CPU slot to its job's result: the one place
+    its state lives. ``loading``: handed to the tier in a job; ``expired``: past its deadline
+    (its lookups answer ``MISS``; the slot stays reserved until the job reports)."""
 
+    key: OffloadKey
     tier: TierRecord
+    ctx: ReqContext
+    slot: int
     reserved_at: float  # time.monotonic()
+    loading: bool = False
     expired: bool = False
-
-
-@dataclass
-class _Failures:
-    count: int
-    retry_at: float
 
 
 class Promotions:
@@ -96,16 +100,12 @@ class Promotions:
     def __init__(self, faults: FaultReporter, limits: PromotionLimits | None = None) -> None:
         self.faults = faults
         self.limits = limits if limits is not None else PromotionLimits()
-        #: Keys whose promotion is reserved (queued or loading), with its state.
-        self.promoting: dict[OffloadKey, _Promotion] = {}
-        #: (tier, req_id) -> (context, keys, slots): loads waiting for the step end.
-        self.queued: dict[
-            tuple[TierRecord, str], tuple[ReqContext, list[OffloadKey], list[int]]
-        ] = {}
+        #: Every key between *reserved* and its job's result, with its promotion.
+        self.promoting: dict[OffloadKey, Promotion] = {}
+        #: (tier, req_id) -> the promotions waiting for the step end: one job each group.
+        self.queued: dict[tuple[TierRecord, str], list[Promotion]] = {}
         #: req_id -> keys its lookups answered HIT or PENDING (protected from its promotions).
         self.found: dict[str, set[OffloadKey]] = {}
-        #: (tier, key) -> failures in a row and when the tier may be asked again.
-        self._failures: dict[tuple[TierRecord, OffloadKey], _Failures] = {}
         #: req_id -> key -> when a tier first answered ``None`` for it.
         self._asked_again: dict[str, dict[OffloadKey, float]] = {}
 
@@ -119,12 +119,12 @@ class Promotions:
     def queued_per_tier(self) -> dict[str, int]:
         """Blocks whose promotion is queued for the step end, per tier name."""
         out: dict[str, int] = {}
-        for (tier, _), (_, keys, _) in self.queued.items():
-            out[tier.name] = out.get(tier.name, 0) + len(keys)
+        for (tier, _), group in self.queued.items():
+            out[tier.name] = out.get(tier.name, 0) + len(group)
         return out
 
     def blocks_queued(self) -> int:
-        return sum(len(keys) for _, keys, _ in self.queued.values())
+        return sum(len(group) for group in self.queued.values())
 
     # -- asked -> reserved ------------------------------------------------------------------
 
@@ -145,11 +145,11 @@ class Promotions:
         answers something other than True, False or None counts as a miss there; so does a
         tier backing off from the key."""
         ask_again = False
-        failures = self._failures
         for tier in tiers:
             stats = tier.stats
+            failures = tier.failures
             if failures:
-                record = failures.get((tier, key))
+                record = failures.get(key)
                 if record is not None and time.monotonic() < record.retry_at:
                     stats.backed_off_lookups += 1
                     continue
@@ -204,10 +204,8 @@ class Promotions:
     def reserved(self, tier: TierRecord, key: OffloadKey, ctx: ReqContext, slot: int) -> None:
         """The manager reserved CPU ``slot`` for promoting ``key`` from ``tier``: queue the
         load for the step end."""
-        self.promoting[key] = _Promotion(tier, time.monotonic())
-        _, keys, slots = self.queued.setdefault((tier, ctx.req_id), (ctx, [], []))
-        keys.append(key)
-        slots.append(slot)
+        promotion = self.promoting[key] = Promotion(key, tier, ctx, slot, time.monotonic())
+        self.queued.setdefault((tier, ctx.req_id), []).append(promotion)
         self.note_found(ctx.req_id, key)
 
     def refused(self, tier: TierRecord) -> None:
@@ -256,13 +254,19 @@ class Promotions:
     def take_queued(
         self, req_id: str | None = None
     ) -> list[tuple[TierRecord, ReqContext, list[OffloadKey], list[int]]]:
-        """The queued loads (of one request, or all) to submit now, as (tier, context,
-        keys, slots): the manager submits each with :meth:`submit`."""
+        """reserved -> loading: the queued loads (of one request, or all) to submit now, one
+        job each, as (tier, context, keys, slots)."""
         queued = self.queued
         if not queued:
             return []
-        groups = [g for g in queued if req_id is None or g[1] == req_id]
-        return [(g[0], *queued.pop(g)) for g in groups]
+        jobs = []
+        for group in [g for g in queued if req_id is None or g[1] == req_id]:
+            promotions = queued.pop(group)
+            for promotion in promotions:
+                promotion.loading = True
+            keys = [p.key for p in promotions]
+            jobs.append((group[0], promotions[0].ctx, keys, [p.slot for p in promotions]))
+        return jobs
 
     def finish_request(self, req_id: str) -> None:
         """The request finished (its queued loads were taken): its found keys are
@@ -273,10 +277,11 @@ class Promotions:
     def cancel_queued(self) -> list[tuple[ReqContext, list[OffloadKey]]]:
         """``reset_cache``: drop every queued load (never submitted); the manager fails their
         CPU stores, which frees the slots."""
-        dropped = [(ctx, keys) for ctx, keys, _ in self.queued.values()]
-        for _, keys in dropped:
-            for key in keys:
-                self.promoting.pop(key, None)
+        dropped = []
+        for promotions in self.queued.values():
+            for promotion in promotions:
+                self.promoting.pop(promotion.key, None)
+            dropped.append((promotions[0].ctx, [p.key for p in promotions]))
         self.queued.clear()
         self.found.clear()
         return dropped
@@ -288,29 +293,31 @@ class Promotions:
         promoting = self.promoting
         for key in keys:
             promoting.pop(key, None)
-        failures = self._failures
+        failures = tier.failures
         failed_set = set(failed)
         now = time.monotonic()
         for key in keys:
             if key in failed_set:
                 self._failed(tier, key, now)
             elif failures:
-                failures.pop((tier, key), None)
+                failures.pop(key, None)
 
     def _failed(self, tier: TierRecord, key: OffloadKey, now: float) -> None:
         """failed -> backoff: not asked for ``backoff * 2**(n-1)`` seconds after the n-th
         failure in a row; after ``max_failures``, not until the key is stored there again."""
-        record = self._failures.pop((tier, key), None)  # re-inserted last: newest
+        failures = tier.failures
+        record = failures.pop(key, None)  # re-inserted last: newest
         count = 1 if record is None else record.count + 1
         limits = self.limits
         last = count >= limits.max_failures
         retry_at = math.inf if last else now + limits.backoff * (1 << (count - 1))
-        self._failures[tier, key] = _Failures(count, retry_at)
-        if len(self._failures) > MAX_RECORDS:
-            del self._failures[next(iter(self._failures))]
+        failures[key] = Backoff(count, retry_at)
+        if len(failures) > MAX_RECORDS:
+            del failures[next(iter(failures))]
 
     def stored(self, tier: TierRecord, keys: list[OffloadKey]) -> None:
         """``keys`` were stored to ``tier`` again: it may be asked about them again."""
-        if self._failures:
+        failures = tier.failures
+        if failures:
             for key in keys:
-                self._failures.pop((tier, key), None)
+                failures.pop(key, None)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..keys import OffloadKey
 from ..tier_types import Locality, Medium
 from .base import SecondaryTierManager
 from .cascade_gate import CascadeGate, build_gate, merged_table
@@ -30,7 +31,7 @@ from .writes import TierWrites, WritePolicy
 if TYPE_CHECKING:
     from ..admission import AdmissionPolicy
 
-__all__ = ["TierEntry", "TierRecord", "tier_records"]
+__all__ = ["Backoff", "TierEntry", "TierRecord", "tier_records"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,16 @@ class TierEntry:
             )
 
 
+@dataclass
+class Backoff:
+    """A key whose promotion from a tier failed ``count`` times in a row: the tier is not
+    asked about it before ``retry_at`` (``time.monotonic()``; ``inf``: until it is stored
+    there again)."""
+
+    count: int
+    retry_at: float
+
+
 class TierRecord:
     """The tiered manager's record of one secondary tier (see the module docstring).
 
@@ -72,10 +83,20 @@ class TierRecord:
     write policy, admission and their counters) are the stack's settings for it;
     ``stats`` its counters (replaced on ``reset_cache``); ``last_poll`` the
     ``time.monotonic()`` of the last collection of its results (a gated tier's jobs are timed
-    to it, :mod:`kv_offload.tiering.jobs`).
+    to it, :mod:`kv_offload.tiering.jobs`); ``failures`` its promotion failure records.
     """
 
-    __slots__ = ("gate", "last_poll", "locality", "medium", "name", "plugin", "stats", "writes")
+    __slots__ = (
+        "failures",
+        "gate",
+        "last_poll",
+        "locality",
+        "medium",
+        "name",
+        "plugin",
+        "stats",
+        "writes",
+    )
 
     def __init__(self, entry: TierEntry, name: str) -> None:
         self.plugin = entry.tier
@@ -86,6 +107,9 @@ class TierRecord:
         self.writes = TierWrites(name, entry.write_policy, entry.admission)
         self.stats = TierStats(name)
         self.last_poll = 0.0
+        #: Keys whose promotion from this tier failed lately: not asked until ``retry_at``
+        #: (:mod:`kv_offload.tiering.promotions`, kept across ``reset_cache``).
+        self.failures: dict[OffloadKey, Backoff] = {}
 
     def entry(self) -> TierEntry:
         """The tier's settings as an entry, under the name the stack calls it by."""

@@ -21,7 +21,7 @@ manager acts: it reads the CPU tier's ref counts and pins what is cascaded.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..cpu.validation import short
@@ -116,21 +116,22 @@ class RequestScope:
         self,
         whole: WholeRequest,
         keys: list[OffloadKey],
-        counts: list[int | None],
         promoting: Collection[OffloadKey],
+        ref_count: Callable[[OffloadKey], int | None],
     ) -> list[OffloadKey]:
-        """Which of the request's ``keys`` (with their CPU ref counts, ``None``: absent) to
-        cascade to ``whole.tiers`` now: the readable ones. Keys being promoted are parked for
-        a later step; absent keys and keys an engine store is writing are left out (that
-        store's ``complete_store`` cascades them to every tier)."""
+        """Which of the request's ``keys`` to cascade to ``whole.tiers`` now: the readable
+        ones (``ref_count``, the CPU tier's: ``None`` absent, below 0 being written). Keys
+        being promoted (``promoting``, the promotions' record) are parked for a later step;
+        absent keys and keys an engine store is writing are left out (that store's
+        ``complete_store`` cascades them to every tier)."""
         ready = []
-        for key, count in zip(keys, counts):
-            if count is None:
-                continue  # gone (or never there): nothing to send
-            if count >= 0:
-                ready.append(key)
-            elif key in promoting:
+        for key in keys:
+            if key in promoting:
                 whole.parked.append(key)
+                continue
+            count = ref_count(key)
+            if count is not None and count >= 0:
+                ready.append(key)
         return ready
 
     def take_parked(self) -> Iterator[tuple[WholeRequest, list[OffloadKey]]]:
