@@ -120,8 +120,9 @@ def install_stack(session: nox.Session, *extras: str) -> None:
 @nox.session(python=TEST_PYTHONS)
 def tests(session: nox.Session) -> None:
     """The suite, on each of TEST_PYTHONS (``nox -s tests-3.11`` for one). tests/redis_tier
-    needs `redis-server` and `redis-cli` on PATH (`apt-get install -y redis-server`; .ci/run
-    installs them): skipped without, failed under CI."""
+    needs `redis-server` and `redis-cli` on PATH (`apt-get install -y redis-server`),
+    tests/s3_tier Ceph's `ceph-mon`, `ceph-osd` and `radosgw` (`apt-get install -y radosgw
+    ceph-mon ceph-osd ceph-common`); .ci/run installs them: skipped without, failed under CI."""
     install_stack(session, "test")
     session.run("pytest", *XDIST, *session.posargs)
 
