@@ -131,6 +131,19 @@ def test_the_public_api_contract_protects_every_other_core_module() -> None:
     assert not public & protected, "a documented module is in the contract's protected list"
 
 
+def test_import_linter_sees_every_plugin_package() -> None:
+    """A plugin whose package is not one of ``root_packages`` escapes every contract: each
+    distribution under plugins/ must be listed."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    packages = {
+        init.parent.name
+        for init in ROOT.glob("plugins/*/src/*/__init__.py")
+        if "/build/" not in str(init)
+    }
+    missing = sorted(packages - set(config["root_packages"]))
+    assert not missing, f"pyproject.toml's [tool.importlinter] root_packages lacks {missing}"
+
+
 @pytest.mark.parametrize(
     ("name", "module"),
     [
