@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kv_offload import build_manager
+from kv_offload import TierStats, build_manager
 from kv_offload.errors import ConfigError, PluginNotFoundError
 from kv_offload.keys import make_offload_key
 from kv_offload.load_wait import BestEffort, Timeout, WaitComplete, build_load_wait
 from kv_offload.replay_clock import replay_timed
 from kv_offload.replay_records import ReplayProbe, TierJob, TimedRequest, register_probe
 from kv_offload.replay_report import busy_seconds, latency_summary, tier_throughput
-from kv_offload.tiering.stats import TierStats
 from kv_offload.trace import TraceError, arrival_seconds, read_trace
 from kv_offload.types import ReqContext
 from test_cli import SCRIPT, TRACE, _env, assert_one_line_error, kvo, kvo_many

@@ -26,12 +26,13 @@ from .types import (
     OffloadingStats,
     PrepareStoreOutput,
     ReqContext,
+    TieringStats,
+    TierStats,
 )
 
 if TYPE_CHECKING:
     from .buffer import CPUKVBuffer
     from .plugins.loading import KVOffloadPluginManager
-    from .tiering.stats import TieringStats, TierStats
 
 __all__ = ["OffloadingManager"]
 
@@ -131,9 +132,10 @@ class OffloadingManager(ABC):
     def cpu_stats(self) -> OffloadingStats:
         """The CPU tier's counters, whatever the stack."""
 
-    @abstractmethod
     def tier_stats(self) -> list[TierStats]:
-        """One entry per secondary tier, in config order (empty without tiers)."""
+        """One entry per secondary tier, in config order; a manager without secondary tiers
+        has none. A snapshot read: no entry guard."""
+        return []
 
     def has_pending_work(self) -> bool:
         """Whether work the manager started is still outstanding (tier jobs not yet reported,

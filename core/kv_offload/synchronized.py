@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .base import OffloadingManager
 from .errors import InvalidArgumentError
@@ -22,10 +22,9 @@ from .types import (
     OffloadingStats,
     PrepareStoreOutput,
     ReqContext,
+    TieringStats,
+    TierStats,
 )
-
-if TYPE_CHECKING:
-    from .tiering.stats import TieringStats, TierStats
 
 __all__ = ["SynchronizedManager", "synchronized"]
 

@@ -14,7 +14,7 @@ error on the slow path.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from ..admission import AdmissionPolicy, checked_admit, overrides
 from ..base import OffloadingManager
@@ -41,9 +41,6 @@ from .counters import Counters
 from .eviction import Eviction
 from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, cpu_admission
 from .slots import SlotTable, without_block
-
-if TYPE_CHECKING:
-    from ..tiering.stats import TierStats
 
 __all__ = ["CPUOffloadingManager", "MEDIUM_CPU"]
 
@@ -486,9 +483,6 @@ class CPUOffloadingManager(OffloadingManager):
 
     def cpu_stats(self) -> OffloadingStats:
         return self.get_stats()
-
-    def tier_stats(self) -> list[TierStats]:
-        return []
 
     @entry_guarded
     def shutdown(self) -> None:

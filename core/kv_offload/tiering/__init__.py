@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from ..async_lookup import AsyncLookup, AsyncLookupStats
 from ..tier_types import Locality, Medium, TierMatcher
+from ..types import TieringStats, TierStats
 from .base import JobDirection, JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
 from .factory import TIER_ENTRY_POINT_GROUP, SecondaryTierFactory
 from .manager import TieringOffloadingManager
 from .record import TierEntry
-from .stats import TieringStats, TierStats
 
 __all__ = [
     "AsyncLookup",

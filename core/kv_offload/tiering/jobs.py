@@ -29,12 +29,11 @@ import numpy as np
 from ..errors import ManagerError, PluginError
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookCallers, HookErrorLog
-from ..types import ReqContext
+from ..types import ReqContext, TierStats
 from .base import JobDirection, JobMetadata, JobResult
 from .faults import FaultReporter
 from .promotions import PromotionLimits, Promotions
 from .record import TierRecord
-from .stats import TierStats
 
 __all__ = ["Finished", "JobTable"]
 

@@ -42,13 +42,14 @@ from ..types import (
     OffloadingStats,
     PrepareStoreOutput,
     ReqContext,
+    TieringStats,
+    TierStats,
 )
 from .base import JobDirection, SecondaryTierManager
 from .jobs import Finished, JobTable
 from .promotions import PromotionLimits
 from .record import TierEntry, TierRecord, tier_records
 from .request_scope import LoadPins, RequestScope, WholeRequest
-from .stats import TieringStats, TierStats
 from .waiting import backoff
 from .writes import StackWrites
 

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError
 from ..keys import OffloadKey
 from ..tier_types import Locality, Medium
+from ..types import TierStats
 from .base import SecondaryTierManager
 from .cascade_gate import CascadeGate, build_gate, merged_table
 from .names import tier_names
-from .stats import TierStats
 from .writes import TierWrites, WritePolicy
 
 if TYPE_CHECKING:

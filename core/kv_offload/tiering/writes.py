@@ -39,9 +39,8 @@ from ..admission import AdmissionPolicy, checked_admit, overrides
 from ..errors import ConfigError, PluginError
 from ..keys import OffloadKey
 from ..plugins.dispatch import HookErrorLog
-from ..types import ReqContext
+from ..types import ReqContext, TierStats
 from .staging import StagingRows
-from .stats import TierStats
 
 if TYPE_CHECKING:
     from .record import TierRecord
