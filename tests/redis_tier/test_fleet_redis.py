@@ -26,7 +26,9 @@ def test_engines_sharing_redis_beat_isolated_engines(
     )
     isolated = tmp_path / "isolated.toml"
     isolated.write_text(CPU_ONLY)
-    run = ["--limit", "500", "--speed", "100", "--engines", "3", "--json", "--no-progress"]
+    # 20x (8 s of trace), not 100x: at 100x a busy machine delays the cascades to Redis past
+    # the peers' lookups, and the shared share fell to 0.03 (0.10 on a quiet one).
+    run = ["--limit", "500", "--speed", "20", "--engines", "3", "--json", "--no-progress"]
     with_redis, without = kvo_many(
         ["replay", shared, TRACE, *run],
         ["replay", isolated, TRACE, *run],
