@@ -38,7 +38,7 @@ require_release("0.32", "0.33", claim="the scheduler path on vLLM's CPU platform
 from benchmarks.vllm_engine import BLOCK_BYTES, Engine, WrongBytes, cli_args, write_model_dir  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "plugins" / "vllm_bridge" / "README.md"
-POLICIES = ["kvo_lru", "kvo_prefix-lru", "kvo_arc", "kvo_vllm-arc", "kvo_reuse"]
+POLICIES = ["kvo_lru", "kvo_prefix-lru", "kvo_arc", "kvo_vllm-arc", "kvo_reuse", "kvo_sae"]
 GPU_BLOCK_TOKENS = 16  # --block-size, vLLM's default on a GPU
 
 
