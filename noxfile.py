@@ -1,6 +1,6 @@
 """Sessions: tests (fresh venv, every distribution installed as a user would), lint,
-typecheck, bench, demo, soak, vllm, engine, engine_bench. `python3 -m nox` runs tests, lint and
-typecheck."""
+typecheck, bench, policy_table, demo, soak, vllm, engine, engine_bench. `python3 -m nox` runs
+tests, lint and typecheck."""
 
 from __future__ import annotations
 
@@ -403,6 +403,16 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/redis_tier.py")
     session.run("python", "benchmarks/replay_clock.py")
     session.run("python", "benchmarks/fleet.py", "--limit", "4000")
+
+
+@nox.session
+def policy_table(session: nox.Session) -> None:
+    """benchmarks/policy_table.py: every installed policy against LRU and Belady's offline
+    bound on the bundled and generated multi-turn traces (docs/policies.md publishes its
+    table; the full run takes about half an hour on 2 cores). ``-- --short`` is the variant
+    .ci/run runs: small traces, two rounds, under a minute."""
+    install_stack(session)
+    session.run("python", "benchmarks/policy_table.py", *session.posargs)
 
 
 @nox.session
