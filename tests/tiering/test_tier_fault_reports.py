@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kv_offload import LookupResult, ReqContext, TieringOffloadingManager, build_manager
 from kv_offload import make_offload_key as k
-from kv_offload.tiering.faults import FaultReporter
+from kv_offload.tiering.faults import TierFaults
 
 BLOCK = 256
 CTX = ReqContext(req_id="faults")
@@ -73,19 +73,19 @@ def test_raising_submits_log_once_then_count(caplog: pytest.LogCaptureFixture) -
 
 
 def test_summaries_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
-    reporter = FaultReporter()
+    reporter = TierFaults("t")
     reporter.interval = 0.0  # every later failure due for a summary
     with caplog.at_level(logging.WARNING, "kv_offload.tiering"):
-        reporter.report("t", "lookup", ValueError("first"), "a miss")
-        reporter.report("t", "lookup", ValueError("second"), "a miss")
-        reporter.report("t", "submit_load", OSError("other kind"), "failed")
+        reporter.report("lookup", ValueError("first"), "a miss")
+        reporter.report("lookup", ValueError("second"), "a miss")
+        reporter.report("submit_load", OSError("other kind"), "failed")
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 3
     assert "1 more time(s)" in messages[1] and "ValueError: second" in messages[1]
     assert caplog.records[2].exc_info  # a new kind gets its own traceback
-    slow = FaultReporter()  # the default interval: later failures only counted
+    slow = TierFaults("t")  # the default interval: later failures only counted
     caplog.clear()
     with caplog.at_level(logging.WARNING, "kv_offload.tiering"):
         for _ in range(100):
-            slow.report("t", "lookup", ValueError("x"), "a miss")
+            slow.report("lookup", ValueError("x"), "a miss")
     assert len(caplog.records) == 1

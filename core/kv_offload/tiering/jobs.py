@@ -13,8 +13,8 @@ reserve a slot, complete a store) and tells it the outcome:
   :meth:`JobTable.report`, which counts it and fires the tier hooks. Every job ends in
   exactly one result.
 
-Tier plugins that raise or break their contract are counted per tier and reported through
-:class:`~kv_offload.tiering.faults.FaultReporter`.
+Tier plugins that raise or break their contract are counted in the tier's record and
+reported by its :class:`~kv_offload.tiering.faults.TierFaults`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from ..keys import OffloadKey
 from ..plugins.dispatch import HookCallers, HookErrorLog
 from ..types import ReqContext, TierStats
 from .base import JobDirection, JobMetadata, JobResult
-from .faults import FaultReporter
 from .promotions import PromotionLimits, Promotions
 from .record import TierRecord
 
@@ -99,9 +98,8 @@ class JobTable:
         self._block_size = block_size
         self._jobs: dict[int, _Job] = {}
         self._next_id = 0
-        self.faults = FaultReporter()
         #: The promotion state machine; a job's result moves its promotions on.
-        self.promotions = Promotions(self.faults, limits)
+        self.promotions = Promotions(limits)
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -182,8 +180,7 @@ class JobTable:
                 tier.plugin.submit_store(meta)
         except Exception as exc:
             tier.stats.submit_errors += 1
-            self.faults.report(
-                tier.name,
+            tier.faults.report(
                 f"submit_{direction.value}",
                 exc,
                 "the job is failed and its CPU blocks are released",
@@ -199,7 +196,7 @@ class JobTable:
                 results = list(tier.plugin.get_finished())
             except Exception as exc:  # raising, or not an iterable of results
                 tier.stats.contract_errors += 1
-                self.faults.report(tier.name, "get_finished", exc, "it is polled again")
+                tier.faults.report("get_finished", exc, "it is polled again")
                 continue
             for result in results:
                 finished = self._finished(result, tier)
@@ -229,8 +226,7 @@ class JobTable:
         state moves on here), or ``None`` for a result that is not one."""
         if not isinstance(result, JobResult):
             tier.stats.contract_errors += 1
-            self.faults.report(
-                tier.name,
+            tier.faults.report(
                 "get_finished",
                 PluginError(
                     f"get_finished() yielded {type(result).__name__} {result!r:.60}, not a "

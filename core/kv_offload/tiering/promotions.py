@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from ..errors import KeyStateError, ManagerError, PluginError
 from ..keys import OffloadKey
 from ..types import LookupResult, ReqContext
-from .faults import FaultReporter
 from .record import Backoff, TierRecord
 
 __all__ = [
@@ -97,8 +96,7 @@ class Promotions:
     """Every promotion of one tiered manager, from the CPU miss to its job's result, counted
     into each tier's record."""
 
-    def __init__(self, faults: FaultReporter, limits: PromotionLimits | None = None) -> None:
-        self.faults = faults
+    def __init__(self, limits: PromotionLimits | None = None) -> None:
         self.limits = limits if limits is not None else PromotionLimits()
         #: Every key between *reserved* and its job's result, with its promotion.
         self.promoting: dict[OffloadKey, Promotion] = {}
@@ -158,7 +156,7 @@ class Promotions:
                 held = tier.plugin.lookup(key, ctx)
             except Exception as exc:  # contained: a miss for this tier (tiering/faults.py)
                 stats.lookup_errors += 1
-                self.faults.report(tier.name, "lookup", exc, "the key is a miss there")
+                tier.faults.report("lookup", exc, "the key is a miss there")
                 continue
             if held is True:
                 self._answered(ctx.req_id, key)
@@ -171,8 +169,7 @@ class Promotions:
                     stats.ask_again_timeouts += 1
             elif held is not False:
                 stats.contract_errors += 1
-                self.faults.report(
-                    tier.name,
+                tier.faults.report(
                     "lookup",
                     PluginError(
                         f"lookup() returned {type(held).__name__} {held!r:.40}; a tier's "
@@ -223,8 +220,7 @@ class Promotions:
                 return False
             promotion.expired = True
             promotion.tier.stats.expired_promotions += 1
-            self.faults.report(
-                promotion.tier.name,
+            promotion.tier.faults.report(
                 "promotion",
                 ManagerError(
                     f"a promotion did not land within {self.limits.timeout:g} s "

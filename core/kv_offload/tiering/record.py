@@ -8,9 +8,10 @@ stack decides about it lives here, in the manager, and nowhere on the plugin:
   admission). :meth:`~kv_offload.tiering.SecondaryTierFactory.create_tier_entry` builds one
   from a config dict; a bare plugin stands for an entry with the defaults.
 * :class:`TierRecord` is the manager's record of one tier: the entry's settings, resolved
-  (the name the stack calls it by), with the tier's counters, its write bookkeeping and the
-  time its results were last collected. The job table, the promotions, the request scope
-  and the write policies all hold records, never positions in parallel lists.
+  (the name the stack calls it by), with the tier's counters, its write bookkeeping, the
+  time its results were last collected, its promotion failure records and its fault
+  reports. The job table, the promotions, the request scope and the write policies all
+  hold records, never positions in parallel lists.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..tier_types import Locality, Medium
 from ..types import TierStats
 from .base import SecondaryTierManager
 from .cascade_gate import CascadeGate, build_gate, merged_table
+from .faults import TierFaults
 from .names import tier_names
 from .writes import TierWrites, WritePolicy
 
@@ -83,11 +85,13 @@ class TierRecord:
     write policy, admission and their counters) are the stack's settings for it;
     ``stats`` its counters (replaced on ``reset_cache``); ``last_poll`` the
     ``time.monotonic()`` of the last collection of its results (a gated tier's jobs are timed
-    to it, :mod:`kv_offload.tiering.jobs`); ``failures`` its promotion failure records.
+    to it, :mod:`kv_offload.tiering.jobs`); ``failures`` its promotion failure records;
+    ``faults`` the reports of its plugin's raising calls (:mod:`kv_offload.tiering.faults`).
     """
 
     __slots__ = (
         "failures",
+        "faults",
         "gate",
         "last_poll",
         "locality",
@@ -110,6 +114,8 @@ class TierRecord:
         #: Keys whose promotion from this tier failed lately: not asked until ``retry_at``
         #: (:mod:`kv_offload.tiering.promotions`, kept across ``reset_cache``).
         self.failures: dict[OffloadKey, Backoff] = {}
+        #: The rate-limited log of its plugin's raising calls (kept across ``reset_cache``).
+        self.faults = TierFaults(name)
 
     def entry(self) -> TierEntry:
         """The tier's settings as an entry, under the name the stack calls it by."""
