@@ -30,6 +30,7 @@ from kv_offload import (
 )
 from kv_offload.buffer import CPUKVBuffer
 from kv_offload.tiering import OffloadingConfig, TierEntry
+from kv_offload.tiering.promotions import PromotionLimits
 from kv_offload.tiering.writes import WritePolicy
 from kv_offload_faulty_tier import FaultyTier
 
@@ -106,7 +107,13 @@ def build(
         TierEntry(tier, write_policy=back if tier.tier_type in write_back else through)
         for tier in tiers
     ]
-    return TieringOffloadingManager(primary, entries, drain_timeout=5.0), tiers
+    # No backoff in seconds: a failed key is asked again at its next lookup, and not after
+    # max_failures failures in a row. A 1 s backoff would make a run's answers depend on how
+    # fast the machine runs it (a busy one sees fewer backoffs expire), and two runs of one
+    # seed differ.
+    limits = PromotionLimits(backoff=0.0)
+    manager = TieringOffloadingManager(primary, entries, drain_timeout=5.0, promotion_limits=limits)
+    return manager, tiers
 
 
 def run(
