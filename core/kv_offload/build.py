@@ -8,8 +8,9 @@ from typing import Any
 
 from .base import OffloadingManager
 from .buffer import CPUKVBuffer
-from .config import StackConfig, hook_settings_error, load_config, tier_error
-from .config.resolve import memory_error
+from .config import StackConfig, hook_settings_error, tier_error
+from .config.load import load_checked
+from .config.resolve import BuiltSettings, memory_error
 from .cpu import CPUOffloadingManager
 from .errors import ConfigError, PluginSettingsError
 from .plugins import KVOffloadPluginManager
@@ -39,16 +40,18 @@ def build_manager(
     ``plugin_manager`` is given; a plugin's ``[hooks.<name>]`` settings go to its
     ``create_plugin``, whose errors (a port in use) are reported like validation errors.
     """
-    stack = load_config(config)
+    stack, settings = load_checked(config)
     try:
-        return _build(stack, plugin_manager)
+        return _build(stack, settings, plugin_manager)
     except MemoryError:
         raise memory_error(stack) from None
 
 
 def _build(
-    stack: StackConfig, plugin_manager: KVOffloadPluginManager | None
+    stack: StackConfig, settings: BuiltSettings, plugin_manager: KVOffloadPluginManager | None
 ) -> CPUOffloadingManager | TieringOffloadingManager:
+    """The stack ``stack`` describes, its admissions and gates the ones its checks built
+    (``settings``: built once)."""
     if plugin_manager is None:
         selection = stack.hook_selection()
         selection.warn(stacklevel=4)
@@ -68,7 +71,7 @@ def _build(
         enable_events=stack.enable_events,
         store_threshold=stack.store_threshold,
         max_tracker_size=stack.max_tracker_size,
-        admission=stack.cpu_admission(),
+        admission=settings.cpu_admission,
         block_size_bytes=None if kv_buffer is not None else stack.block_size_bytes,
         plugin_manager=plugin_manager,
     )
@@ -87,7 +90,9 @@ def _build(
                 config["name"] = names[index]
             try:
                 tiers.append(
-                    SecondaryTierFactory.create_tier_entry(config, buffer.view, offloading)
+                    SecondaryTierFactory.create_tier_entry(
+                        config, buffer.view, offloading, settings.tiers[index]
+                    )
                 )
             except ConfigError as exc:  # e.g. an argument value the tier rejects
                 raise tier_error(stack, index, exc) from exc

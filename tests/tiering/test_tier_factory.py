@@ -18,6 +18,7 @@ from kv_offload import (
     CPUOffloadingManager,
     ReqContext,
     TieringOffloadingManager,
+    build_manager,
     make_offload_key,
 )
 from kv_offload.errors import (
@@ -405,6 +406,51 @@ def test_the_gate_and_the_admission_are_built_once(
         entry = SecondaryTierFactory.create_tier_entry(config, view, CONFIG)
     assert type(entry.admission).built == 1  # type: ignore[attr-defined]
     entry.tier.shutdown()
+
+
+COUNTED_DETECTOR = """
+from kv_offload.tiering.backpressure import EMADetector
+
+
+class CountedDetector(EMADetector):
+    built = 0
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        type(self).built += 1
+"""
+
+
+def test_build_manager_builds_each_gate_and_admission_once(make_module: ModuleFactory) -> None:
+    """Config validation builds the admissions and the gate (a constructor is what rejects a
+    bad option) and the stack is built from those: a plugin that counts its constructions
+    (or allocates, or logs) is constructed once per build_manager, not at validate and
+    again at build."""
+    admission = make_module(COUNTED_ADMISSION, prefix="kvo_counted_admission")
+    detector = make_module(COUNTED_DETECTOR, prefix="kvo_counted_detector")
+    config = {
+        "num_blocks": 16,
+        "block_size_bytes": 64,
+        "admission": "Counted",
+        "admission_module_path": admission,
+        "tiers": [
+            {
+                "type": "example",
+                "admission": "Counted",
+                "admission_module_path": admission,
+                "backpressure": {"detector": "CountedDetector", "detector_module_path": detector},
+            }
+        ],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalPluginWarning)
+        manager = build_manager(config)
+    assert isinstance(manager, TieringOffloadingManager)
+    (entry,) = manager.entries
+    assert entry.cascade_gate is not None
+    assert type(entry.admission).built == 2  # type: ignore[attr-defined]  # CPU's, tier's
+    assert type(entry.cascade_gate.detector).built == 1  # type: ignore[attr-defined]
+    manager.shutdown()
 
 
 def test_a_bad_setting_builds_no_tier(view: memoryview, tiers_module: str) -> None:

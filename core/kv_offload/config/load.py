@@ -14,19 +14,28 @@ from typing import Any
 from ..errors import ConfigError
 from .model import StackConfig
 from .parse import parse_config
-from .resolve import resolve_config
+from .resolve import BuiltSettings, resolve_config
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["load_config"]
+__all__ = ["load_checked", "load_config"]
 
 
 def load_config(config: Mapping[str, Any] | str | Path | StackConfig) -> StackConfig:
     """A validated config from a dict, a TOML file path, or an existing :class:`StackConfig`,
     with every plugin name resolved against what is installed."""
+    return load_checked(config)[0]
+
+
+def load_checked(
+    config: Mapping[str, Any] | str | Path | StackConfig,
+) -> tuple[StackConfig, BuiltSettings]:
+    """:func:`load_config`, with the settings objects its checks built (the CPU tier's
+    admission, each tier's gate and admission): ``build_manager`` builds the stack from
+    them, so each is built once."""
     if isinstance(config, StackConfig):
         parsed = config
     elif isinstance(config, (str, Path)):
@@ -47,5 +56,4 @@ def load_config(config: Mapping[str, Any] | str | Path | StackConfig) -> StackCo
         parsed = parse_config(data, str(path), text)
     else:
         parsed = parse_config(config)
-    resolve_config(parsed)
-    return parsed
+    return parsed, resolve_config(parsed)

@@ -14,6 +14,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +41,12 @@ from .memory import (
 )
 
 if TYPE_CHECKING:
+    from ..admission import AdmissionPolicy
+    from ..tiering.factory import TierSettings
     from .model import StackConfig, TierConfig
 
 __all__ = [
+    "BuiltSettings",
     "resolve_config",
     "tier_error",
     "estimate_memory",
@@ -58,23 +62,35 @@ _PYTHONPATH_HINT = (
 )
 
 
-def resolve_config(config: StackConfig) -> None:
-    """Check what a config names against the installed plugins and this machine."""
+@dataclass(frozen=True)
+class BuiltSettings:
+    """The plugin objects checking a config built: the CPU tier's admission and each tier's
+    :class:`~kv_offload.tiering.factory.TierSettings` (gate, write policy, admission), in
+    order. They are checked by being built (a constructor rejects a bad option), and they
+    keep state, so ``build_manager`` builds its stack from these, once, not from the config
+    again."""
+
+    cpu_admission: AdmissionPolicy | None
+    tiers: tuple[TierSettings, ...]
+
+
+def resolve_config(config: StackConfig) -> BuiltSettings:
+    """Check what a config names against the installed plugins and this machine; the
+    settings objects built on the way are returned (:class:`BuiltSettings`)."""
     v = Validator.for_source(config.source)
     _forbid_module_paths_by_env(v, config)
     _resolve_policy(v, config)
-    _resolve_admission(v, config)
+    cpu_admission = _resolve_admission(v, config)
     geometry = (
         OffloadingConfig(config.num_blocks, config.block_size_bytes)
         if config.block_size_bytes
         else None
     )
-    tier_classes = [
-        _resolve_tier(v, index, tier, geometry) for index, tier in enumerate(config.tiers)
-    ]
+    resolved = [_resolve_tier(v, index, tier, geometry) for index, tier in enumerate(config.tiers)]
     config.hook_selection()  # the environment's hook settings must parse
     _check_hooks(v, config)
-    _check_memory(v, config, _estimate(config, tier_classes))
+    _check_memory(v, config, _estimate(config, [tier_cls for tier_cls, _ in resolved]))
+    return BuiltSettings(cpu_admission, tuple(settings for _, settings in resolved))
 
 
 def _check_hooks(v: Validator, config: StackConfig) -> None:
@@ -211,20 +227,20 @@ def _resolve_policy(v: Validator, config: StackConfig) -> None:
         raise v.fail(("policy",) if installed else at, message + _import_hint(exc)) from exc
 
 
-def _resolve_admission(v: Validator, config: StackConfig) -> None:
+def _resolve_admission(v: Validator, config: StackConfig) -> AdmissionPolicy | None:
     """The CPU tier's admission is built once here, so a bad name or option is reported at
     ``validate`` with its file and line (a tier's is checked with the tier's arguments)."""
     if config.admission is None:
-        return
+        return None
     try:
-        config.cpu_admission()
+        return config.cpu_admission()
     except ConfigError as exc:
         raise v.fail((exc.key or "admission",), str(exc)) from exc
 
 
 def _resolve_tier(
     v: Validator, index: int, tier: TierConfig, geometry: OffloadingConfig | None
-) -> type[SecondaryTierManager]:
+) -> tuple[type[SecondaryTierManager], TierSettings]:
     from ..tiering.factory import SecondaryTierFactory, check_tier_arguments
 
     at: KeyPath = ("tiers", index, "module_path" if tier.module_path is not None else "type")
@@ -238,13 +254,13 @@ def _resolve_tier(
         path = ("tiers", index, "type") if installed else at
         raise v.fail(path, message + _import_hint(exc)) from exc
     try:
-        check_tier_arguments(tier.type, tier_cls, tier.arguments)
+        settings = check_tier_arguments(tier.type, tier_cls, tier.arguments)
         tier_cls.validate_arguments(**tier.arguments)
         if geometry is not None:
             tier_cls.validate_for_stack(geometry, **tier.arguments)
     except ConfigError as exc:
         raise v.fail(_tier_key(index, tier, exc, "type"), str(exc)) from exc
-    return tier_cls
+    return tier_cls, settings
 
 
 def _estimate(

@@ -8,14 +8,17 @@ The stack's settings for a tier (``name``: :mod:`kv_offload.tiering.names`; ``lo
 ``backpressure``, its cascade gate: :mod:`kv_offload.tiering.cascade_gate`; ``write_policy``
 and ``admission*``: :mod:`kv_offload.tiering.writes`) are the tiered manager's: they go into
 the :class:`~kv_offload.tiering.TierEntry` that :meth:`SecondaryTierFactory.create_tier_entry`
-returns, never onto the tier. :meth:`SecondaryTierFactory.create_secondary_tier` (vLLM's call)
-constructs the tier alone.
+returns, never onto the tier. They become objects in one place, :func:`tier_settings`, once
+per stack: config validation builds them and ``build_manager`` hands those to
+:meth:`~SecondaryTierFactory.create_tier_entry`.
+:meth:`SecondaryTierFactory.create_secondary_tier` (vLLM's call) constructs the tier alone.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..admission import AdmissionPolicy, check_admission_keys, configured_admission
@@ -27,11 +30,17 @@ from ..plugins.construct import construct
 from ..plugins.registry import PluginInfo, PluginRegistry
 from ..tier_types import Locality
 from .base import OffloadingConfig, SecondaryTierManager
-from .cascade_gate import build_gate
+from .cascade_gate import CascadeGate, build_gate
 from .record import TierEntry
 from .writes import WritePolicy, parse_write_policy
 
-__all__ = ["SecondaryTierFactory", "TIER_ENTRY_POINT_GROUP", "check_tier_arguments"]
+__all__ = [
+    "SecondaryTierFactory",
+    "TIER_ENTRY_POINT_GROUP",
+    "TierSettings",
+    "check_tier_arguments",
+    "tier_settings",
+]
 
 TIER_ENTRY_POINT_GROUP = "kv_offload.tiers"
 _RESERVED = ("config", "primary_kv_view", "tier_type")
@@ -123,11 +132,13 @@ class SecondaryTierFactory:
         config: Mapping[str, Any],
         primary_kv_view: memoryview,
         offloading_config: OffloadingConfig,
+        settings: TierSettings | None = None,
     ) -> TierEntry:
         """A ``[[tiers]]`` entry as a config dict -> the tier and the stack's settings for it,
-        for :class:`~kv_offload.tiering.TieringOffloadingManager`. The settings (cascade
-        gate, write policy, admission: each built once) are checked before the tier is
-        constructed, so a bad one allocates nothing."""
+        for :class:`~kv_offload.tiering.TieringOffloadingManager`. ``settings``: the entry's
+        settings as config validation built them (:func:`check_tier_arguments`), so each
+        gate and admission is built once; ``None``: built here from ``config``, checked
+        before the tier is constructed, so a bad one allocates nothing."""
         tier_type = _tier_type(config)
         name = config.get("name")
         if name is not None and (not isinstance(name, str) or not name):
@@ -135,15 +146,17 @@ class SecondaryTierFactory:
                 f"tier {tier_type!r}: 'name' must be a non-empty string, got {name!r}",
                 key="name",
             )
-        label = name or tier_type
-        locality = None
-        if config.get("locality") is not None:
-            locality = _locality(label, config["locality"])
-        gate = build_gate(config.get("backpressure"), label, locality or Locality.LOCAL)
-        capacity = config.get("capacity_blocks")
-        policy, admission = _writes(label, config, capacity if type(capacity) is int else None)
+        if settings is None:
+            settings = tier_settings(name or tier_type, config)
         tier = cls._construct(tier_type, config, primary_kv_view, offloading_config)
-        return TierEntry(tier, name, locality, gate, policy, admission)
+        return TierEntry(
+            tier,
+            name,
+            settings.locality,
+            settings.cascade_gate,
+            settings.write_policy,
+            settings.admission,
+        )
 
     @classmethod
     def _construct(
@@ -159,6 +172,37 @@ class SecondaryTierFactory:
         return construct(
             "tier", tier_type, tier_cls, offloading_config, primary_kv_view, tier_type, **arguments
         )
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """The stack's settings of one ``[[tiers]]`` entry, built from its keys: where the tier's
+    storage lives, its cascade gate, its write policy and its admission (the fields of a
+    :class:`~kv_offload.tiering.TierEntry` besides the tier and its name).
+
+    A gate and an admission keep state (jobs in flight, blocks seen), so one
+    ``TierSettings`` serves one stack: config validation builds it
+    (:func:`check_tier_arguments`) and ``build_manager`` hands that one to
+    :meth:`SecondaryTierFactory.create_tier_entry`, so nothing is built twice."""
+
+    locality: Locality | None = None
+    cascade_gate: CascadeGate | None = None
+    write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
+    admission: AdmissionPolicy | None = None
+
+
+def tier_settings(tier: str, config: Mapping[str, Any]) -> TierSettings:
+    """The one place a tier config's stack settings become objects: its ``locality``, its
+    ``backpressure`` gate and its ``write_policy`` / ``admission*`` keys, errors naming
+    ``tier`` and the key. An admission sized by the tier's capacity gets the config's
+    ``capacity_blocks`` argument (never read back from the tier)."""
+    locality = None
+    if config.get("locality") is not None:
+        locality = _locality(tier, config["locality"])
+    gate = build_gate(config.get("backpressure"), tier, locality or Locality.LOCAL)
+    capacity = config.get("capacity_blocks")
+    policy, admission = _writes(tier, config, capacity if type(capacity) is int else None)
+    return TierSettings(locality, gate, policy, admission)
 
 
 def _writes(
@@ -196,18 +240,15 @@ def _locality(tier: str, value: object) -> Locality:
 
 def check_tier_arguments(
     tier_type: str, tier_cls: type[SecondaryTierManager], arguments: Mapping[str, Any]
-) -> None:
+) -> TierSettings:
     """Config validation of a ``[[tiers]]`` entry's keys (its stack settings and its
-    constructor arguments), naming tier and key; nothing is kept."""
-    locality = Locality.LOCAL
-    if arguments.get("locality") is not None:
-        locality = _locality(tier_type, arguments["locality"])
-    build_gate(arguments.get("backpressure"), tier_type, locality)  # names and values
-    capacity = arguments.get("capacity_blocks")
-    _writes(tier_type, arguments, capacity if type(capacity) is int else None)
+    constructor arguments), naming tier and key. Returns the settings it built, for
+    :meth:`SecondaryTierFactory.create_tier_entry` to use rather than build them again."""
+    settings = tier_settings(tier_type, arguments)
     _check_constructor_arguments(
         tier_type, tier_cls, {k: v for k, v in arguments.items() if k not in _STACK_KEYS}
     )
+    return settings
 
 
 def _check_constructor_arguments(
