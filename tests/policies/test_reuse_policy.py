@@ -240,7 +240,7 @@ def test_miniatures_replay_each_request_and_the_cache_follows_the_leader() -> No
     policy = manager.policy
     assert isinstance(policy, ReuseCachePolicy)
     minis = policy._miniatures
-    assert [mini.policy.mode for mini in minis] == ["adaptive", "frequency", "recency"]
+    assert [mini.policy.mode for mini in minis] == ["adaptive", "frequency"]
     assert {mini.capacity for mini in minis} == {2000 // 32}
     rng = random.Random(5)
     prompts = [[k(10**6 * p + i) for i in range(rng.randint(2, 30))] for p in range(400)]

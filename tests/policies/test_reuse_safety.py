@@ -125,3 +125,28 @@ def test_where_its_own_decisions_win_it_keeps_them() -> None:
     assert isinstance(policy, ReuseCachePolicy)
     assert hits > 1.3 * lru
     assert policy.deficit < 0 and not policy.following_lru
+
+
+def test_while_following_lru_the_stale_keys_are_exactly_those_the_shadow_dropped() -> None:
+    """The resident keys the shadow no longer holds (evicted first while the cache follows
+    LRU) are only tracked while it follows: taken in one pass when it switches, kept up to
+    date until it goes back, and forgotten then. At every request boundary while following
+    they are exactly R - S."""
+    CachePolicyFactory.register_cache_policy("reuse-frequency-net", __name__, "FrequencyWithNet")
+    try:
+        manager = CPUOffloadingManager(200, cache_policy="reuse-frequency-net")
+        policy = manager.policy
+        assert isinstance(policy, FrequencyWithNet) and policy._shadow is not None
+        followed = 0
+        for request in conversations(0):
+            replay(manager, [request])
+            if policy.following_lru:
+                followed += 1
+                shadow = policy._shadow.order
+                expected = {key for key in policy._resident if key not in shadow}
+                assert set(policy._stale) == expected
+            else:
+                assert not policy._stale
+        assert followed > 100
+    finally:
+        CachePolicyFactory.unregister_cache_policy("reuse-frequency-net")

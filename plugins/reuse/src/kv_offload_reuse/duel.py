@@ -19,7 +19,8 @@ miniature cache sees the reuse distances of the real one, scaled by R.
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import compress
+from itertools import compress, repeat
+from operator import and_, not_, rshift
 
 from kv_offload import OffloadKey, ReqContext
 from kv_offload.policies import BlockStatus, CachePolicy, bind_block_status
@@ -45,8 +46,8 @@ def sample_rate(capacity: int) -> int:
 def sampled(keys: list[OffloadKey], rate: int) -> list[OffloadKey]:
     """The keys whose hash falls in the sample (bits the history table does not use); the
     hash of the key's bytes, the same in every process, so the sample is too."""
-    mask = rate - 1
-    return list(compress(keys, [not (stable_hash(key) >> 40 & mask) for key in keys]))
+    bits = map(and_, map(rshift, map(stable_hash, keys), repeat(40)), repeat(rate - 1))
+    return list(compress(keys, map(not_, bits)))
 
 
 class Miniature:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from itertools import compress, islice, repeat
+from itertools import chain, compress, filterfalse, islice, repeat
 from math import ceil
-from operator import attrgetter, itemgetter, not_
+from operator import attrgetter, eq, itemgetter, not_, rshift
 
 from kv_offload import ConfigError, OffloadKey, ReqContext
 from kv_offload.policies import BlockStatus, CachePolicy
@@ -54,6 +54,11 @@ class ReuseCachePolicy(CachePolicy):
       once and not reused; T2: blocks reused, or stored again after an eviction).
     * ``memory``: the eviction memory (:class:`~kv_offload_reuse.memory.EvictionMemory`).
     """
+
+    #: The modes the miniatures duel between, one miniature each. Plain recency is not one of
+    #: them: the safety net follows an exact LRU where recency wins, and a recency miniature
+    #: made the cache switch modes mid-trace where it cost hits (README, research log: v9).
+    DUELLED: tuple[str, ...] = (ADAPTIVE, FREQUENCY)
 
     def __init__(
         self,
@@ -101,7 +106,7 @@ class ReuseCachePolicy(CachePolicy):
                     size,
                     WINDOW * size,
                 )
-                for mode in MODES
+                for mode in self.DUELLED
             ]
         self._vouched: set[OffloadKey] | frozenset[OffloadKey] = _EMPTY
         # The safety net (:mod:`kv_offload_reuse.safety`): each open request's keys, the hits
@@ -179,10 +184,18 @@ class ReuseCachePolicy(CachePolicy):
         hashes = list(map(stable_hash, keys))
         slots = list(map(memory.size.__rmod__, hashes))
         words = list(map(table.__getitem__, slots))
-        # A word is 0 when empty; a record's word never is (its list bits are 2 or 3).
-        matches = [word != 0 and word >> 8 == h >> 56 for word, h in zip(words, hashes)]
+        # A word is 0 when empty; a record's word never is (its list bits are 2 or 3). The
+        # C-level check first: no word holds the key's fingerprint (an empty word only
+        # seems to when the fingerprint is 0; the exact check below then rules it out).
         vouched = self._vouched
-        if True not in matches and not vouched:  # the common batch: all first sightings
+        fingerprints = map(rshift, hashes, repeat(56))
+        if not vouched and not any(map(eq, map(rshift, words, repeat(8)), fingerprints)):
+            self._t1.update(zip(keys, blocks))  # the common batch: all first sightings
+            resident.update(zip(keys, blocks))
+            memory.count_stored(len(keys))
+            return
+        matches = [word != 0 and word >> 8 == h >> 56 for word, h in zip(words, hashes)]
+        if True not in matches and not vouched:
             self._t1.update(zip(keys, blocks))
         else:
             deepest = len(matches) - matches[::-1].index(True) if True in matches else 0
@@ -239,9 +252,12 @@ class ReuseCachePolicy(CachePolicy):
         if keys:
             for mini in self._miniatures:
                 mini.request(keys, req_context)
-            best = max(self._miniatures, key=_score)  # the miniatures are in MODES order
-            if best.score > self._miniatures[MODES.index(self._mode)].score:
-                self._mode = MODES[self._miniatures.index(best)]
+            best = max(self._miniatures, key=_score)  # the miniatures are in DUELLED order
+            duelled = self.DUELLED
+            mode = self._mode
+            current = self._miniatures[duelled.index(mode)].score if mode in duelled else -1.0
+            if best.score > current:
+                self._mode = duelled[self._miniatures.index(best)]
         if self._shadow is not None:
             self._check_against_lru(self._shadow, req_context)
 
@@ -256,17 +272,24 @@ class ReuseCachePolicy(CachePolicy):
         hits, evicted = shadow.request(keys)
         self._lru_hits += hits
         self._blocks += len(keys)
+        budget = MARGIN * self._blocks - (self._lru_hits - self._hits)
+        if not self._following_lru:
+            if budget < 0:
+                # R - S, least recent first; kept up to date only while the cache follows.
+                self._following_lru = True
+                held = shadow.order.__contains__
+                self._stale = dict.fromkeys(filterfalse(held, chain(self._t1, self._t2)))
+            return
+        if budget >= RESUME * self.cache_capacity and self._mode != RECENCY:
+            self._following_lru = False
+            self._stale = {}
+            return
         stale = self._stale
         if stale:
             _consume(map(stale.pop, keys, repeat(None)))
         if evicted:
             resident = self._resident
             stale.update(dict.fromkeys(compress(evicted, map(resident.__contains__, evicted))))
-        budget = MARGIN * self._blocks - (self._lru_hits - self._hits)
-        if not self._following_lru:
-            self._following_lru = budget < 0
-        elif budget >= RESUME * self.cache_capacity and self._mode != RECENCY:
-            self._following_lru = False
 
     @property
     def mode(self) -> str:
@@ -360,6 +383,14 @@ class ReuseCachePolicy(CachePolicy):
         then the shadow's least recent; blocks neither knows (stored by a request not finished
         yet) last, T1's before T2's. All or nothing."""
         resident = self._resident
+        # Fast path, the common case: the first n candidates (the stale keys, then the
+        # resident keys in the shadow's order: the two never share a key) are idle and
+        # unprotected, which C-level maps check without a Python step per block.
+        front = list(islice(chain(self._stale, filter(resident.__contains__, shadow.order)), n))
+        if len(front) == n:
+            blocks = list(map(resident.__getitem__, front))
+            if not any(map(_ref_cnt, blocks)) and protected.isdisjoint(front):
+                return self._forget_picked(list(zip(front, blocks)))
         picked: dict[OffloadKey, BlockStatus] = {}
 
         def take(candidates: Iterable[OffloadKey]) -> bool:
@@ -378,12 +409,15 @@ class ReuseCachePolicy(CachePolicy):
 
         if not (take(self._stale) or take(shadow.order) or take(self._t1) or take(self._t2)):
             return None
+        return self._forget_picked(list(picked.items()))
+
+    def _forget_picked(self, victims: _Victims) -> _Victims:
+        """:meth:`_forget` for victims from either list; returns them."""
         t1 = self._t1
-        from_t1 = [(key, block) for key, block in picked.items() if key in t1]
-        from_t2 = [(key, block) for key, block in picked.items() if key not in t1]
-        self._forget(from_t1, t1, FROM_T1)
-        self._forget(from_t2, self._t2, FROM_T2)
-        return list(picked.items())
+        in_t1 = list(map(t1.__contains__, map(_key, victims)))
+        self._forget(list(compress(victims, in_t1)), t1, FROM_T1)
+        self._forget(list(compress(victims, map(not_, in_t1))), self._t2, FROM_T2)
+        return victims
 
     def _forget(
         self, victims: _Victims, listed: OrderedDict[OffloadKey, BlockStatus], origin: int
