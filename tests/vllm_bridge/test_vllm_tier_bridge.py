@@ -445,6 +445,21 @@ def promote(manager: Any, req_id: str, wanted: list[bytes]) -> Any:
     return ctx
 
 
+def evicted_to_the_tier(tier_type: str) -> tuple[Any, list[bytes]]:
+    """A manager with a CPU tier of 8 chunks over one ``tier_type`` tier, where request
+    "a"'s 8 blocks were cascaded to the tier and then pushed out of the CPU tier by "b"'s
+    (whose cascade pinned its chunks until vLLM collected it: then promotions find room).
+    The manager, and 4 of "a"'s keys, in the secondary tier only."""
+    manager = build_manager(extra_config(8, {"type": tier_type}))
+    tier = manager.secondary_tiers[0]
+    first, second = keys(0, 8), keys(8, 16)
+    store(manager, "a", first)
+    step_until(manager, lambda: sorted(tier.tier.rows) == first, "the cascade of 'a'")
+    store(manager, "b", second)
+    step_until(manager, lambda: not manager.has_pending_work(), "the cascade of 'b'")
+    return manager, first[:4]
+
+
 @pytest.mark.usefixtures("slow_tiers")
 def test_a_raising_load_s_rows_are_not_reused_while_the_tier_may_write_them(
     vllm_logs: VLLMLogs,
@@ -456,15 +471,8 @@ def test_a_raising_load_s_rows_are_not_reused_while_the_tier_may_write_them(
     them at once."""
     if not vllm_release().deferred_release:
         pytest.skip(f"vLLM {vllm_release().series}'s JobResult has no deferred_release")
-    manager = build_manager(extra_config(8, {"type": "kvo_raising_load"}))
+    manager, wanted = evicted_to_the_tier("kvo_raising_load")
     tier = manager.secondary_tiers[0]
-    first, second = keys(0, 8), keys(8, 16)
-    store(manager, "a", first)
-    step_until(manager, lambda: sorted(tier.tier.rows) == first, "the cascade of 'a'")
-    store(manager, "b", second)
-    # "a"'s blocks are now in the secondary tier only, once "b"'s cascade released its chunks
-    step_until(manager, lambda: not manager.has_pending_work(), "the cascade of 'b'")
-    wanted = first[:4]
     ctx = promote(manager, "c", wanted)  # submit_load raises
     assert any("raised from submit_load" in r.getMessage() for r in vllm_logs.records)
     manager.on_schedule_end(STEP)  # vLLM takes the failure: the request recomputes them
@@ -498,15 +506,7 @@ def test_a_partly_failed_load_serves_only_the_keys_it_loaded(
     """A kv-offload result with ``failed_keys`` is vLLM's failed job whose
     ``successful_keys`` are the others: the failed key's row was never written, so vLLM must
     not serve it (the bridge once reported the whole job loaded)."""
-    manager = build_manager(extra_config(8, {"type": "kvo_partial_load"}))
-    tier = manager.secondary_tiers[0]
-    first, second = keys(0, 8), keys(8, 16)
-    store(manager, "a", first)
-    step_until(manager, lambda: sorted(tier.tier.rows) == first, "the cascade of 'a'")
-    store(manager, "b", second)
-    # "b"'s cascade pins its CPU chunks until vLLM collects it: then promotions find room.
-    step_until(manager, lambda: not manager.has_pending_work(), "the cascade of 'b'")
-    wanted = first[:4]
+    manager, wanted = evicted_to_the_tier("kvo_partial_load")
     ctx = promote(manager, "c", wanted)
     step_until(manager, lambda: manager.lookup(wanted[1], ctx) is HIT, "the partial load")
     # The key whose load failed is not served (vLLM may ask the tier for it again).
