@@ -14,10 +14,11 @@ line per command read from stdin:
   snapshot: counters summed over labels);
 * ``{"op": "shutdown"}`` shuts the engine down and exits.
 
-The engine is the one tests/engine runs (block size 32, float32, eager, prefix caching off
-so that a prompt's reuse can only come from offload, greedy sampling) with the engine core
-in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): several such servers can be kept
-alive side by side and sent requests in turn, and one that sits idle costs no CPU.
+The engine is the one tests/engine runs (tests/engine/_engine_run's ``build_llm``: block
+size 32, float32, eager, prefix caching off so that a prompt's reuse can only come from
+offload; greedy sampling here) with the engine core in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``): several such servers can be kept alive side by side
+and sent requests in turn, and one that sits idle costs no CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # _engine_bench puts tests/engine on sys.path; _engine_run sets vLLM's environment on import
 # (CPU platform, the engine core in this process).
 from _engine_bench import REPLY
-from _engine_run import vllm_metrics
+from _engine_run import build_llm, vllm_metrics
 
 #: The longest one ``run`` may take before the server gives up on it (its requests aborted).
 RUN_TIMEOUT_S = 1800.0
@@ -99,26 +100,11 @@ def run(engine: Any, command: dict[str, Any], counter: list[int]) -> dict[str, A
 
 def main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    from vllm import LLM
-
-    kwargs: dict[str, Any] = {}
-    if job.get("kv_transfer_config") is not None:
-        from vllm.config import KVTransferConfig
-
-        kwargs["kv_transfer_config"] = KVTransferConfig(**job["kv_transfer_config"])
     started = time.monotonic()
-    llm = LLM(
-        model=job["model"],
-        skip_tokenizer_init=True,
-        dtype="float32",
-        block_size=32,
-        enforce_eager=True,
-        enable_prefix_caching=False,
+    llm = build_llm(
+        job["model"],
+        job.get("kv_transfer_config"),
         max_model_len=int(job.get("max_model_len", 4096)),
-        max_num_seqs=8,
-        seed=0,
-        disable_log_stats=False,
-        **kwargs,
     )
     engine = llm.llm_engine
     reply({"ready": time.monotonic() - started, "pid": os.getpid()})

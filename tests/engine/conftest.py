@@ -1,8 +1,10 @@
 """Real ``vllm.LLM`` engines on a tiny random Llama (``python3 -m nox -s engine``).
 
-Every engine runs in its own process (:mod:`_engines`, :mod:`_engine_run`), one at a time,
-and every test compares its greedy token ids with those of an engine without offload (the
-``baseline`` fixture, one engine for the whole session). Prefix caching is off in every engine, so a
+The engines run one at a time (two at once only where a test is about two engines) in an
+engine server kept for the session, or, where the engine's process must end or be killed, in
+a process of their own (:mod:`_engines`, :mod:`_engine_run`). Every test compares its greedy
+token ids with those of an engine without offload (the ``baseline`` fixture, one engine for
+the whole session). Prefix caching is off in every engine, so a
 prompt's reuse can only come from the offload path. Without an importable vLLM the tests are
 skipped, saying how to run them, unless ``KVO_REQUIRE_ENGINE`` is set (the nox session sets
 it): then a missing vLLM fails.
@@ -52,8 +54,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def engines(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Engines:
-    return Engines(tiny_model, tmp_path_factory.mktemp("engines"))
+def engines(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    pool = Engines(tiny_model, tmp_path_factory.mktemp("engines"))
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(scope="session")

@@ -60,12 +60,12 @@ def check(run: EngineRun, baseline: Baseline, *phases: Phase) -> None:
 def test_fs_tier_serves_a_restarted_engine(
     engines: Engines, baseline: Baseline, root_dir: Path
 ) -> None:
-    """An engine writes its prompts' blocks to root_dir; the next engine on that root_dir
-    (empty CPU tier) gets them from disk: vLLM's tiering chunk hits for the tier, and the
-    same tokens. The Prometheus hook plugin, autoloaded in the engine, counts the tier's
-    jobs as vLLM does."""
+    """An engine writes its prompts' blocks to root_dir, shuts down and its process ends; the
+    next engine on that root_dir (another process, empty CPU tier) gets them from disk:
+    vLLM's tiering chunk hits for the tier, and the same tokens. The Prometheus hook plugin,
+    autoloaded in the engine, counts the tier's jobs as vLLM does."""
     config = tiering_spec(fs_tier(root_dir), **CHUNK)
-    first = engines.run([FS_WRITE, FS_MORE], config)
+    first = engines.run([FS_WRITE, FS_MORE], config, fresh=True)
     check(first, baseline, FS_WRITE, FS_MORE)
     assert first.metric(FS_MORE.name, "kv_offload_tiering_write_bytes") > 0
     assert block_files(root_dir) > 0, "the first engine wrote no block to root_dir"
@@ -106,12 +106,14 @@ BLOCK_KEY_ENV = "KVO_ENGINE_BLOCK_KEY"
 
 
 @pytest.mark.parametrize("signed", [False, True], ids=["plain", "auth_key_env"])
-def test_redis_tier_shared_by_two_engines(
+def test_redis_tier_shared_by_two_engines_at_once(
     signed: bool, engines: Engines, baseline: Baseline, redis_server: RedisServer
 ) -> None:
-    """Two engine processes on one real redis-server: the second engine's first request,
-    for a prompt the first engine served, is a hit from Redis; the tokens are the same. With
-    ``auth_key_env`` every value is signed and checked on the way back."""
+    """Two engine processes alive at once on one real redis-server. The first serves its
+    prompts; the second engine's first request, for one of them, is a hit from Redis; then
+    both serve the same prompts at the same time (both loading, and storing, the same blocks
+    in Redis). Every token is the one recompute gives. With ``auth_key_env`` every value is
+    signed and checked on the way back."""
     serve, more, first = (
         (REDIS_AUTH_SERVE, REDIS_AUTH_MORE, REDIS_AUTH_FIRST)
         if signed
@@ -123,14 +125,28 @@ def test_redis_tier_shared_by_two_engines(
         tier.update(auth_key_env=BLOCK_KEY_ENV, namespace="kvo-engine-signed")
         env[BLOCK_KEY_ENV] = "a-test-secret-of-more-than-16-bytes"
     config = tiering_spec(tier, **CHUNK)
-    one = engines.run([serve, more], config, env=env)
-    check(one, baseline, serve, more)
-    assert one.metric(more.name, "kv_offload_tiering_write_bytes{kvo_redis}") > 0
-    assert redis_server.client().dbsize() > 0
-    two = engines.run([first, more], config, env=env)
-    check(two, baseline, first, more)
-    assert two.metric(first.name, "kv_offload_tiering_chunk_hits{kvo_redis}") > 0
-    assert two.metric(first.name, "external_prefix_cache_hits") > 0
+    with (
+        engines.open(config, env=env) as one,
+        engines.open(config, env=env, server="peer") as two,
+    ):
+        one.phase(serve)
+        one.phase(more)
+        check(one.run, baseline, serve, more)
+        assert one.run.metric(more.name, "kv_offload_tiering_write_bytes{kvo_redis}") > 0
+        assert redis_server.client().dbsize() > 0
+        two.phase(first)
+        check(two.run, baseline, first)
+        assert two.run.metric(first.name, "kv_offload_tiering_chunk_hits{kvo_redis}") > 0
+        assert two.run.metric(first.name, "external_prefix_cache_hits") > 0
+        # Both at once; each engine's records of `more` are kept apart under its own run.
+        one.send(more)
+        two.send(more)
+        one.receive()
+        two.receive()
+    check(one.run, baseline, more)
+    check(two.run, baseline, more)
+    hits = "kv_offload_tiering_chunk_hits{kvo_redis}"
+    assert two.run.gained(more.name, hits, first.name) > 0
 
 
 def test_faulty_tier_failed_loads_and_delays(engines: Engines, baseline: Baseline) -> None:
