@@ -240,7 +240,7 @@ def test_miniatures_replay_each_request_and_the_cache_follows_the_leader() -> No
     policy = manager.policy
     assert isinstance(policy, ReuseCachePolicy)
     minis = policy._miniatures
-    assert [mini.policy.mode for mini in minis] == ["adaptive", "frequency"]
+    assert [mini.policy.mode for mini in minis] == ["adaptive", "frequency", "ghosts"]
     assert {mini.capacity for mini in minis} == {2000 // 32}
     rng = random.Random(5)
     prompts = [[k(10**6 * p + i) for i in range(rng.randint(2, 30))] for p in range(400)]
@@ -321,3 +321,26 @@ def test_an_unknown_mode_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="mode must be one of"):
         ReuseCachePolicy(10, mode="fastest")
+
+
+def test_in_the_ghosts_mode_only_arcs_own_ghosts_are_reuses() -> None:
+    """The ``ghosts`` mode is ARC's rule for T2: a block stored again beyond ARC's ghost
+    horizon is a first sighting (T1) even though the long memory remembers it; one that
+    comes back while still one of ARC's ghosts goes to T2, with the keys before it."""
+    c = 8
+    policy = ReuseCachePolicy(c, miniatures=False, mode="ghosts", safety=False)
+    h = PolicyHarness(policy, c)
+    first, *others = distinct_slots(policy, 3 * c)
+    h.store([first])
+    for key in others:
+        h.store([key])
+    assert policy.remembered(first) is not None
+    h.store([first])
+    assert first in policy.t1 and policy.remembered(first) is None, "too old: T1, consumed"
+    keys = distinct_slots(policy, 3 * c + 20)[-12:]
+    h.store(keys[:8])
+    policy.touch([keys[7]], CTX)  # T1 = keys 0..6, T2 = [7]: T1 is over p = 4
+    h.store([keys[8]])  # evicts keys[0] from T1: one of ARC's ghosts now
+    assert policy.remembered(keys[0]) is not None
+    h.store([keys[9], keys[0]])
+    assert keys[0] in policy.t2 and keys[9] in policy.t2, "a ghost and the key before it"

@@ -9,7 +9,9 @@ stored blocks, and a block that comes back within that window is a reuse: it ent
 frequency side (T2) directly, with every key before it in its batch (prefix hashes chain, so
 a key vouches for its prefix). ``p`` adapts as in ARC, from remembered evictions still within
 ARC's ghost bounds; and miniature copies of the policy (:mod:`kv_offload_reuse.duel`) decide
-whether REPLACE uses that ``p``, ``p = 0`` or plain recency.
+whether REPLACE uses that ``p`` or ``p = 0``, and whether the long memory or only ARC's own
+ghosts decide T2; an exact LRU shadow (:mod:`kv_offload_reuse.safety`) bounds the loss
+against LRU.
 
 The memory is a hash table of 16-bit words, :data:`SLOTS_PER_BLOCK` per cache block (64 bytes
 per block): each word holds an 8-bit fingerprint of the key, the 6-bit epoch of its eviction

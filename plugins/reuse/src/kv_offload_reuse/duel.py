@@ -6,8 +6,11 @@ place: with a small cache, keeping the reused blocks (T2) and cycling first sigh
 T1 as fast as possible (``p = 0``, "frequency") wins by a wide margin, because first reuses
 come back long after T1 could have held them and the memory sends them to T2 anyway; with a
 large cache the adaptive split wins, because T1 can then hold first sightings until their
-first reuse; and where reuse is mostly recent (a conversation's next turn soon after the
-last), plain recency (one LRU list) beats both. Which regime applies depends on the trace
+first reuse; and where every session comes back many times (long agent sessions), the long
+memory sends nearly every block to T2, which then thrashes as one LRU list: there ARC's own
+rule (only its ghosts are reuses, "ghosts") keeps T2 a protected set. Where reuse is mostly
+recent, plain recency wins; that case is the safety net's (:mod:`kv_offload_reuse.safety`,
+an exact LRU), not a miniature's. Which regime applies depends on the trace
 and the capacity, so it is measured (set dueling, as in adaptive CPU cache insertion;
 miniature simulation as in SHARDS): one small copy of the policy per mode replays the
 requests restricted to a hash-sampled 1/R of the keys at 1/R of the capacity, and the cache

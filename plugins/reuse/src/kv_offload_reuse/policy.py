@@ -35,7 +35,8 @@ _ref_cnt = attrgetter("ref_cnt")
 ADAPTIVE = "adaptive"
 FREQUENCY = "frequency"
 RECENCY = "recency"
-MODES = (ADAPTIVE, FREQUENCY, RECENCY)
+GHOSTS = "ghosts"
+MODES = (ADAPTIVE, FREQUENCY, RECENCY, GHOSTS)
 _EMPTY: frozenset[OffloadKey] = frozenset()
 _MAX_OPEN_REQUESTS = 4096  # sampled keys kept for requests not finished yet
 _SINK: deque[object] = deque(maxlen=0)
@@ -58,7 +59,7 @@ class ReuseCachePolicy(CachePolicy):
     #: The modes the miniatures duel between, one miniature each. Plain recency is not one of
     #: them: the safety net follows an exact LRU where recency wins, and a recency miniature
     #: made the cache switch modes mid-trace where it cost hits (README, research log: v9).
-    DUELLED: tuple[str, ...] = (ADAPTIVE, FREQUENCY)
+    DUELLED: tuple[str, ...] = (ADAPTIVE, FREQUENCY, GHOSTS)
 
     def __init__(
         self,
@@ -198,12 +199,17 @@ class ReuseCachePolicy(CachePolicy):
         if True not in matches and not vouched:
             self._t1.update(zip(keys, blocks))
         else:
-            deepest = len(matches) - matches[::-1].index(True) if True in matches else 0
-            for i in compress(range(len(keys)), matches):
-                self._consume_record(slots[i], words[i])
-            reused = [i < deepest or key in vouched for i, key in enumerate(keys)]
-            if self._mode == RECENCY:
+            found = list(compress(range(len(keys)), matches))
+            ghosts = [self._consume_record(slots[i], words[i]) for i in found]
+            mode = self._mode
+            if mode == RECENCY:
                 reused = [False] * len(keys)
+            elif mode == GHOSTS:  # ARC's rule: only its own ghosts are reuses (with a prefix)
+                deepest = max(compress(found, ghosts), default=-1) + 1
+                reused = [i < deepest for i in range(len(keys))]
+            else:
+                deepest = found[-1] + 1 if found else 0
+                reused = [i < deepest or key in vouched for i, key in enumerate(keys)]
             pairs = list(zip(keys, blocks))
             self._t2.update(compress(pairs, reused))
             self._t1.update(compress(pairs, map(not_, reused)))
@@ -211,9 +217,9 @@ class ReuseCachePolicy(CachePolicy):
         resident.update(zip(keys, blocks))
         self.memory.count_stored(len(keys))
 
-    def _consume_record(self, slot: int, word: int) -> None:
+    def _consume_record(self, slot: int, word: int) -> bool:
         """A remembered eviction came back; if it was still one of ARC's ghosts, move p
-        towards the list that lost it (ARC's cases II and III)."""
+        towards the list that lost it (ARC's cases II and III) and say so."""
         origin, sizes = self.memory.consume(slot, word, len(self._t1))
         if sizes is not None:
             b1, b2 = sizes
@@ -221,6 +227,8 @@ class ReuseCachePolicy(CachePolicy):
                 self._p = min(self.cache_capacity, self._p + max(1.0, b2 / max(b1, 1)))
             else:
                 self._p = max(0.0, self._p - max(1.0, b1 / max(b2, 1)))
+            return True
+        return False
 
     def on_request_access(self, keys: list[OffloadKey], req_context: ReqContext) -> None:
         """Keys before a resident one in a request's prefix were requested before (the
@@ -293,8 +301,11 @@ class ReuseCachePolicy(CachePolicy):
 
     @property
     def mode(self) -> str:
-        """How REPLACE splits the cache now: ``"adaptive"`` (ARC's p), ``"frequency"``
-        (p = 0: T1 only cycles first sightings) or ``"recency"`` (one LRU list)."""
+        """How the cache decides now: ``"adaptive"`` (ARC's p), ``"frequency"`` (p = 0: T1
+        only cycles first sightings), ``"recency"`` (one LRU list) or ``"ghosts"`` (ARC's p,
+        and only evictions still within ARC's ghost bounds are reuses, as in plain ARC: the
+        long memory's older records no longer send blocks to T2, so T2 stays a protected set
+        where every block is reused again, as on long agent sessions)."""
         return self._mode
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
@@ -339,7 +350,12 @@ class ReuseCachePolicy(CachePolicy):
         t1 = self._t1
         t2 = self._t2
         mode = self._mode
-        p = self._p if mode == ADAPTIVE else 0 if mode == FREQUENCY else self.cache_capacity
+        if mode == FREQUENCY:
+            p = 0.0
+        elif mode == RECENCY:
+            p = float(self.cache_capacity)
+        else:  # adaptive and ghosts: ARC's p
+            p = self._p
         from1 = min(n, max(0, ceil(len(t1) - p)))
         if n - from1 > len(t2):
             from1 = n - len(t2)
