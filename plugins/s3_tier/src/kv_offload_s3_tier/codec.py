@@ -71,7 +71,9 @@ def header(key: bytes, payload: Any, auth: BlockAuth | None) -> bytes:
     return AUTH_HEADER.pack(MAGIC, AUTH_FORMAT_VERSION, len(key), 0, view.nbytes, record) + key
 
 
-def check(value: bytes, key: bytes, block_size: int, auth: BlockAuth | None) -> memoryview:
+def check(
+    value: bytes | memoryview, key: bytes, block_size: int, auth: BlockAuth | None
+) -> memoryview:
     """The payload of ``value`` (a view) if it is ``key``'s block of ``block_size`` bytes in
     this stack's format; :class:`BadObject` (:class:`AuthFailed`) otherwise."""
     view = memoryview(value)

@@ -185,16 +185,16 @@ class S3Tier(SecondaryTierManager):
         self._layout = Layout(s.prefix)
         self._counters = _Counters()
         self._auth_log = AuthFailureLog(tier_type, logger)
-        self._store = S3Store(s)
         marker = (
             f"kv-offload-s3-tier format={codec.format_version(s.auth)} block_size={self._block}"
         )
+        probe = S3Store(s, max_attempts=2, data_path=False)
         try:
-            probe = S3Store(s, max_attempts=2)
-            try:
-                check_at_build(probe, self._layout.marker, marker)
-            finally:
-                probe.close()
+            check_at_build(probe, self._layout.marker, marker)
+        finally:
+            probe.close()
+        self._store = S3Store(s)
+        try:
             self._index = CapacityIndex(self.capacity_blocks, s.shared_grace_s)
             self._recover()
         except BaseException:
@@ -438,13 +438,11 @@ class S3Tier(SecondaryTierManager):
             name = self._layout.name(key)
             size = len(head) + row.nbytes
             parts = self.settings.parts_of(size)
-            body = b"".join((head, memoryview(row)))  # the one copy boto3 needs
+            body = b"".join((head, memoryview(row)))  # one object, one buffer
             if parts == 1:
                 self._store.put(name, body)
             else:
-                view = memoryview(body)
-                step = self.settings.multipart_part_bytes
-                self._store.put_multipart(name, [view[i : i + step] for i in range(0, size, step)])
+                self._store.put_multipart(name, body, self.settings.multipart_part_bytes)
                 self._counters.count(multipart_uploads=1)
             self._counters.count(stored_blocks=1, bytes_written=self._block)
         except StoreFailed as exc:
@@ -474,7 +472,7 @@ class S3Tier(SecondaryTierManager):
             reason = f"internal error: {type(exc).__name__}: {exc}"
         self._finish(state, key, reason, missing=missing)
 
-    def _land(self, key: OffloadKey, name: str, slot: int, value: bytes) -> str | None:
+    def _land(self, key: OffloadKey, name: str, slot: int, value: memoryview) -> str | None:
         """Check one object and copy its payload into CPU slot ``slot``; ``None``, or why
         not (a bad object is deleted when it is worthless to every reader)."""
         try:
