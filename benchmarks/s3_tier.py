@@ -9,15 +9,16 @@ compared with what was PUT (outside the timing):
   ``put_object`` / ``get_object().read()``, one object per task: the raw pipelined baseline;
 * ``obstore`` (Rust's ``object_store``, releases the GIL): one ``S3Store``, the same thread pool
   running ``obstore.put`` / ``obstore.get().bytes()``;
-* ``tier``: the S3 tier itself (obstore on its data path), one ``submit_store`` then one ``submit_load``
-  job of all the blocks from / into a CPU buffer, polled with ``get_finished`` as an engine
-  polls: its object is the block plus a 60-byte header, its load checks the XXH3 checksum.
+* ``tier``: the S3 tier itself (obstore on its data path), one ``submit_store`` then one
+  ``submit_load`` job of all the blocks from / into a CPU buffer, polled with
+  ``get_finished`` as an engine polls: its object is the block plus a 60-byte header, its
+  load checks the XXH3 checksum.
 
 Each round runs the three sides in turn, their order rotated between rounds so each sees the
 same machine; the report gives MB/s (best and median of the rounds), the CPU seconds per GB
 moved (the process's, all threads: on a shared 2-core machine the client's CPU is what the
-engine loses), and the per-round ratios obstore / boto3 and tier / boto3 (best and median;
-the tier's target is >= 0.8x raw).
+engine loses), and the per-round ratios obstore / boto3, tier / boto3 and tier / obstore
+(best and median; the tier's target is >= 0.8x of the raw client it runs on).
 
 The gateway is a throw-away one started for the run (tests/s3_tier/_ceph.py: a monitor, a
 memstore OSD and radosgw on loopback; needs ``ceph-mon``, ``ceph-osd``, ``radosgw``), or the
@@ -234,10 +235,10 @@ def measure(endpoint: str, bucket: str, block_kib: int, blocks: int, args: argpa
             }
             for op, s in samples[name].items()
         }
-    for name in ("obstore", "tier"):
+    for name, base in (("obstore", "boto3"), ("tier", "boto3"), ("tier", "obstore")):
         for op in ("put", "get"):
-            ratios = [b[0] / o[0] for o, b in zip(samples[name][op], samples["boto3"][op])]
-            out["ratios"][f"{name}/boto3 {op}"] = {
+            ratios = [b[0] / o[0] for o, b in zip(samples[name][op], samples[base][op])]
+            out["ratios"][f"{name}/{base} {op}"] = {
                 "best": round(max(ratios), 2), "median": round(statistics.median(ratios), 2)
             }  # fmt: skip
     return out
