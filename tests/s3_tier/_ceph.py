@@ -249,8 +249,24 @@ class CephS3:
         self._signal_stop("rgw", signal.SIGKILL)
 
     def pause_rgw(self) -> None:
-        """SIGSTOP radosgw: connections are accepted by the kernel, nothing answers."""
-        self._procs["rgw"].send_signal(signal.SIGSTOP)
+        """SIGSTOP radosgw: connections are accepted by the kernel, nothing answers. Returns
+        once every thread of it is stopped: the signal only asks, and on a loaded machine a
+        thread that is not scheduled yet would still answer the next request."""
+        proc = self._procs["rgw"]
+        proc.send_signal(signal.SIGSTOP)
+
+        def stopped() -> bool:
+            states = []
+            for task in Path(f"/proc/{proc.pid}/task").iterdir():
+                try:
+                    # "pid (comm) S ...": the state follows the last ')'
+                    states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+                except (FileNotFoundError, IndexError):
+                    continue  # a thread that just exited
+            return bool(states) and all(state in ("T", "t") for state in states)
+
+        if sys.platform.startswith("linux"):
+            _wait("radosgw stopped (SIGSTOP)", stopped, 10)
 
     def resume_rgw(self) -> None:
         self._procs["rgw"].send_signal(signal.SIGCONT)
