@@ -18,7 +18,9 @@ Each round runs the three sides in turn, their order rotated between rounds so e
 same machine; the report gives MB/s (best and median of the rounds), the CPU seconds per GB
 moved (the process's, all threads: on a shared 2-core machine the client's CPU is what the
 engine loses), and the per-round ratios obstore / boto3, tier / boto3 and tier / obstore
-(best and median; the tier's target is >= 0.8x of the raw client it runs on).
+(best and median; the tier's target is >= 0.8x of the raw client it runs on). Then the
+time ``lookup`` holds the scheduler (p50, p99, max; target p99 < 100 us), for keys the tier
+wrote and for keys it asks the store about in the background.
 
 The gateway is a throw-away one started for the run (tests/s3_tier/_ceph.py: a monitor, a
 memstore OSD and radosgw on loopback; needs ``ceph-mon``, ``ceph-osd``, ``radosgw``), or the
@@ -26,7 +28,7 @@ endpoint of ``--endpoint`` with the bucket of ``--bucket`` and credentials from 
 environment.
 
     python benchmarks/s3_tier.py [--sizes 256:64,2048:16] [--threads 4] [--rounds 5]
-        [--endpoint URL --bucket NAME] [--json]
+        [--lookup-steps 200] [--endpoint URL --bucket NAME] [--json]
 """
 
 from __future__ import annotations
@@ -257,6 +259,44 @@ def report(results: list[dict[str, Any]]) -> None:
             print(f"  {what}: best {v['best']}x, median {v['median']}x")
 
 
+def lookup_latency(endpoint: str, bucket: str, args: argparse.Namespace) -> dict[str, Any]:
+    """How long ``lookup`` holds the scheduler: ``--lookup-steps`` steps, each asking 64 keys
+    the tier wrote (answered from its index) and 64 it never saw (first asked: "ask again",
+    checked by HEADs in the background after ``on_schedule_end``, then answered from the
+    cached result), 2 ms apart as scheduler steps are. Each call timed alone."""
+    from kv_offload import OffloadKey, ReqContext
+
+    rows = np.zeros((64, 16 * 1024), np.uint8)
+    side = TierSide(endpoint, bucket, args.threads, rows, f"bench-{os.getpid()}-lookup")
+    known = [OffloadKey(i.to_bytes(8, "big") + bytes(24)) for i in range(64)]
+    side.round(known)  # stored: in the index
+    samples: dict[str, list[int]] = {"written by this engine": [], "asked of the store": []}
+    for step in range(args.lookup_steps):
+        ctx = ReqContext(req_id=f"lookup{step}")
+        unknown = [OffloadKey((1 << 40 | step << 8 | i).to_bytes(8, "big") + bytes(24))
+                   for i in range(64)]  # fmt: skip
+        for _ in range(2):  # first asked, then asked again the next step
+            for label, keys in (("written by this engine", known),
+                                ("asked of the store", unknown)):  # fmt: skip
+                for k in keys:
+                    t0 = time.perf_counter_ns()
+                    side.tier.lookup(k, ctx)
+                    samples[label].append(time.perf_counter_ns() - t0)
+            side.tier.on_schedule_end()
+            time.sleep(0.002)
+        side.tier.on_request_finished(ctx)
+    side.tier.shutdown()
+    return {
+        label: {
+            "lookups": len(ns),
+            "p50_us": round(float(np.percentile(ns, 50)) / 1e3, 2),
+            "p99_us": round(float(np.percentile(ns, 99)) / 1e3, 2),
+            "max_us": round(max(ns) / 1e3, 1),
+        }
+        for label, ns in samples.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="256:64,2048:16",
@@ -265,15 +305,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--endpoint")
     parser.add_argument("--bucket", default="kvo-tests")
+    parser.add_argument("--lookup-steps", type=int, default=200)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     sizes = [tuple(int(x) for x in pair.split(":")) for pair in args.sizes.split(",")]
     with gateway(args) as (endpoint, bucket):
         results = [measure(endpoint, bucket, kib, n, args) for kib, n in sizes]
+        lookups = lookup_latency(endpoint, bucket, args) if args.lookup_steps else {}
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({"throughput": results, "lookup": lookups}, indent=2))
     else:
         report(results)
+        for label, v in lookups.items():
+            print(f"lookup, {label}: {v['lookups']} calls, p50 {v['p50_us']} us, "
+                  f"p99 {v['p99_us']} us, max {v['max_us']} us (target p99 < 100 us)")  # fmt: skip
     return 0
 
 
