@@ -38,7 +38,7 @@ class FleetPlan:
             return (
                 f"nothing is shared: every tier of this stack is private to its engine "
                 f"(tiers: {kinds}); the fleet is {len(self.stacks)} isolated engines. Add a "
-                f'shared tier (type = "redis") to measure what sharing buys'
+                f'shared tier (type = "redis" or "s3") to measure what sharing buys'
             )
         return None
 
