@@ -46,6 +46,7 @@ __all__ = [
     "concurrent_use_error",
     "entry_guarded",
     "new_entry_token",
+    "take_for_good",
     "unguarded",
 ]
 
@@ -72,14 +73,42 @@ def new_entry_token() -> list[bool]:
     return [_TOKEN]
 
 
+def take_for_good(manager: Guarded, method: str) -> None:
+    """Take ``manager``'s entry guard and never give it back: from now on its guarded methods
+    are refused (``CPUOffloadingManager.hand_over``: its owner is its only caller, and
+    :func:`concurrent_use_error` names the owner). Refused like an entry while it is taken."""
+    try:
+        manager._entry.pop()
+    except IndexError:
+        raise concurrent_use_error(manager, method) from None
+
+
 def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
     """The error for entering ``manager.method`` while its guard is taken (the slow path:
     it looks at the calling thread's stack to tell re-entry from a second thread)."""
     cls = type(manager).__name__
-    outer = _outer_call(manager)
-    if outer is not None:
+    owner = getattr(manager, "owner", None)
+    running = _outer_call(manager if owner is None else owner)
+    if owner is not None:
+        owner_cls = type(owner).__name__
+        where = (
+            f" (it was called back from inside {running}(), a hook plugin?)"
+            if running is not None
+            else ""
+        )
         return ConcurrentUseError(
-            f"{cls}.{method}() was called while {outer}() is running on the same "
+            f"{cls}.{method}() was called on a {cls} handed over to a {owner_cls}{where}: "
+            f"the {owner_cls} is its only caller; call the {owner_cls} instead (from a hook: "
+            f"record what the hook needs and act after the manager call returns); only "
+            f"{SNAPSHOT_READS} can be called on the {cls}",
+            method=method,
+            manager=cls,
+            reentrant=running is not None,
+            owner=owner_cls,
+        )
+    if running is not None:
+        return ConcurrentUseError(
+            f"{cls}.{method}() was called while {running}() is running on the same "
             f"thread (a hook plugin calling the manager back?); a manager's request-flow "
             f"methods cannot be re-entered from its hooks, only {SNAPSHOT_READS} can: "
             f"record what the hook needs and act after the manager call returns",
@@ -98,32 +127,18 @@ def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
 
 
 def _outer_call(manager: object) -> str | None:
-    """The manager method running further up this thread's stack (the outermost: the call
-    that took the guard), as ``Class.method``, if any: one of ``manager``'s own, else one of a
-    manager sharing its entry token (a tiered manager over a CPU tier: a hook it fires may
-    call the CPU tier back)."""
+    """The outermost call of ``manager`` running further up this thread's stack (the call
+    that took the guard), as ``Class.method``, if any."""
     try:
-        start: FrameType | None = sys._getframe(3)  # skip this, the error and the refused call
+        frame: FrameType | None = sys._getframe(3)  # skip this, the error and the refused call
     except ValueError:  # the refused call was the bottom of the stack
         return None
-    token = getattr(manager, "_entry", None)
-    for same in (True, False):
-        outer = None  # the outermost such frame: the call that took the guard
-        frame = start
-        while frame is not None:
-            owner = frame.f_locals.get("self")
-            if (owner is manager) if same else _shares(owner, token):
-                outer = f"{type(owner).__name__}.{frame.f_code.co_name}"
-            frame = frame.f_back
-        if outer is not None:
-            return outer
-    return None
-
-
-def _shares(owner: object, token: object) -> bool:
-    """Whether ``owner`` holds entry token ``token`` (read from its instance dictionary, so
-    no ``__getattr__`` of a wrapper runs)."""
-    return token is not None and getattr(owner, "__dict__", {}).get("_entry") is token
+    outer = None
+    while frame is not None:
+        if frame.f_locals.get("self") is manager:
+            outer = f"{type(manager).__name__}.{frame.f_code.co_name}"
+        frame = frame.f_back
+    return outer
 
 
 #: The wrapper entry_guarded() compiles per method, with the method's own parameters. As for the
@@ -165,6 +180,8 @@ def entry_guarded(
         elif param.kind is param.VAR_KEYWORD:
             params.append(f"**{param.name}")
             args.append(f"**{param.name}")
+        elif _hidden(param):
+            continue  # the body's own (an owner passes it: cpu/handover.py); left at its default
         elif param.kind is param.KEYWORD_ONLY:
             if not star:
                 params.append("*")
@@ -180,7 +197,17 @@ def entry_guarded(
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), namespace)
     guarded: Callable[Concatenate[G, P], R] = functools.update_wrapper(namespace[name], method)
+    signature = inspect.signature(method)
+    shown = [p for p in signature.parameters.values() if not _hidden(p)]
+    if len(shown) < len(signature.parameters):  # the caller's signature, without the body's own
+        guarded.__signature__ = signature.replace(parameters=shown)  # type: ignore[attr-defined]
     return guarded
+
+
+def _hidden(param: inspect.Parameter) -> bool:
+    """A keyword-only parameter named ``_...``: the body's own, left at its default by the
+    wrapper (an owner passes it to the body: cpu/handover.py)."""
+    return param.kind is param.KEYWORD_ONLY and param.name.startswith("_")
 
 
 def unguarded(method: Callable[Concatenate[G, P], R]) -> Callable[Concatenate[G, P], R]:

@@ -71,17 +71,26 @@ class ConcurrentUseError(ManagerError):
     threads drive one manager: use one thread, or ``kv_offload.synchronized(manager)``), or
     from a hook plugin on the same thread (``reentrant``). Raised before anything changed.
 
-    ``method`` is the refused method, ``manager`` the manager's class name.
+    ``method`` is the refused method, ``manager`` the manager's class name; ``owner`` the
+    class name of the manager it was handed over to, its only caller (a CPU manager inside a
+    tiered stack), if any.
     """
 
     def __init__(
-        self, message: str, *, method: str = "", manager: str = "", reentrant: bool = False
+        self,
+        message: str,
+        *,
+        method: str = "",
+        manager: str = "",
+        reentrant: bool = False,
+        owner: str = "",
     ) -> None:
         super().__init__(message)
         self.method = method
         self.manager = manager
         #: Whether the running call is on the same thread (a hook called the manager back).
         self.reentrant = reentrant
+        self.owner = owner
 
 
 class PluginError(KVOffloadError):

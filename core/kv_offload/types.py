@@ -29,6 +29,7 @@ __all__ = [
     "SizeHistogram",
     "TierStats",
     "TieringStats",
+    "check_load_filter",
 ]
 
 _T = TypeVar("_T")
@@ -87,6 +88,30 @@ class ReqContext:
     def get_offload_key_position(self, key: OffloadKey) -> int | None:
         """``key``'s recorded end token, or ``None`` if none was recorded."""
         return self._positions.get(key)
+
+
+def check_load_filter(req_context: Any) -> None:
+    """The ``load_tier_filter`` of a request to a manager without secondary tiers (the CPU
+    manager alone): a filter naming tiers names tiers this stack does not have (the error a
+    tiered stack gives for an unknown name); a filter by medium or locality matches nothing
+    and is allowed."""
+    try:
+        tier_filter = req_context.load_tier_filter
+    except AttributeError:
+        return
+    if tier_filter is None:
+        return
+    if not isinstance(tier_filter, TierFilter):
+        raise InvalidArgumentError(
+            f"ReqContext.load_tier_filter must be a kv_offload.TierFilter or None, got "
+            f"{tier_filter!r}"
+        )
+    if tier_filter.tiers:
+        names = ", ".join(map(repr, sorted(tier_filter.tiers)))
+        raise InvalidArgumentError(
+            f"TierFilter names tier(s) {names} that this stack does not have; its tiers are: "
+            f"none (a CPU-only manager)"
+        )
 
 
 class LookupResult(Enum):

@@ -124,9 +124,11 @@ def test_reset_cache_keeps_the_offer_counts_and_restarts_stores_skipped() -> Non
     assert offer(m, 1) == ks(1)  # the offer before the reset still counts (as in vLLM)
 
 
-def test_bypass_reuse_filter_stores_at_once_and_counts_nothing() -> None:
+def test_a_store_the_engine_did_not_offer_is_stored_at_once_and_counts_nothing() -> None:
+    """An owner's ``reserve`` (a tiered manager's promotion: the block was admitted when the
+    engine first stored it) does not ask the reuse filter."""
     m = CPUOffloadingManager(4, store_threshold=2)
-    out = m.prepare_store(ks(1), CTX, bypass_reuse_filter=True)
+    out = m.hand_over(object()).reserve(ks(1), CTX)
     assert out is not None and out.keys_to_store == ks(1)
     assert tracked(m) == {} and m.get_stats().stores_skipped == 0
 
@@ -287,7 +289,7 @@ def test_promotion_is_not_filtered_even_after_the_tracker_forgot_the_key() -> No
         for i in (2, 3):  # two more blocks, each offered twice: key 1 is evicted from the
             engine_store(m, i)  # CPU tier and forgotten by the tracker
             engine_store(m, i)
-        assert m.primary.lookup(k(1), CTX) is MISS
+        assert m.primary.ref_count(k(1)) is None  # not in the CPU tier
         assert k(1) not in tracked(m.primary)
         assert m.lookup(k(1), CTX) is PENDING  # found in the tier: promoted, not filtered
         m.on_schedule_end()

@@ -269,7 +269,7 @@ def test_tiered_raising_admission_in_a_promotion_reserves_nothing(
         before.pending_blocks,
         before.evictions,
     )
-    assert m.primary.lookup(k(1), ctx) is MISS
+    assert m.primary.ref_count(k(1)) is None
     pm.unregister(boom)
     assert m.lookup(k(1), ctx) is PENDING
 

@@ -71,7 +71,7 @@ def test_rejected_store_reports_access_and_miss_but_bad_input_reports_nothing(
     recorded.clear()
     with pytest.raises(Exception, match="more than once"):
         manager.prepare_store([k(1), k(1)], ctx)
-    with pytest.raises(Exception, match="not in the CPU tier"):
+    with pytest.raises(Exception, match="not in the CPU cache"):
         manager.prepare_load([k(9)], ctx)
     assert recorded == []
 

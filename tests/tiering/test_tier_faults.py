@@ -394,7 +394,7 @@ def test_every_job_failing() -> None:
     m.on_schedule_end()
     assert m.lookup(key(1), ctx) is PENDING
     m.on_schedule_end()
-    assert m.primary.lookup(key(1), ctx) is MISS  # failed (and torn): the slot is freed
+    assert m.primary.ref_count(key(1)) is None  # failed (and torn): the slot is freed
     assert tier.counters.torn_loads == 1
     check_no_leaks(m)
     assert m.get_stats().cpu.free_blocks == 1
@@ -410,6 +410,6 @@ def test_every_submit_raising() -> None:
     _store(m, [3, 4], ctx)
     assert m.lookup(key(1), ctx) is PENDING  # a slot is reserved; the submit comes at step end
     m.on_schedule_end()  # submit_load raises: the promotion fails, the slot is freed
-    assert m.primary.lookup(key(1), ctx) is MISS
+    assert m.primary.ref_count(key(1)) is None
     assert m.get_stats().tiers[0].failed_promotions == 1
     check_no_leaks(m)

@@ -25,6 +25,7 @@ from kv_offload import (
     TieringOffloadingManager,
 )
 from kv_offload.errors import KeyStateError
+from kv_offload.plugins import hookimpl
 from kv_offload.tiering import (
     JobDirection,
     JobMetadata,
@@ -125,7 +126,7 @@ def test_round_trip_through_example_tier() -> None:
     store(m, [10, 11, 12, 13], b)
     m.on_request_finished(b)
     m.on_schedule_end()
-    assert all(m.primary.lookup(k, b) is MISS for k in keys(1, 2, 3))
+    assert all(m.primary.ref_count(k) is None for k in keys(1, 2, 3))
     assert m.get_stats().cpu.evictions == 3
     # A request with the same prefix: the tier has them, so PENDING until the step ends.
     c = ReqContext("c")
@@ -201,16 +202,17 @@ def test_two_tiers_subclassed_names() -> None:
     store_step(m, [3, 4])
     assert m.lookup(key(1), ctx) is PENDING
     m.on_schedule_end()  # "fast" fails the promotion
-    assert m.primary.lookup(key(1), ctx) is MISS
+    assert m.primary.ref_count(key(1)) is None
     assert m.get_stats().tiers[0].failed_promotions == 1
     first.shutdown()  # "fast" loses everything; "slow" still has the block
     assert m.lookup(key(1), ctx) is PENDING
     m.on_schedule_end()
     np.testing.assert_array_equal(load(m, [1], ctx), original[:1])
     assert [t.promoted_blocks for t in m.get_stats().tiers] == [0, 1]
-    # Two tiers of one type built directly are labelled by position, as a config's are.
+    # Two tiers of one type built directly are labelled by position, as a config's are (a
+    # stack of its own: a CPU manager serves one tiered manager).
     other = TieringOffloadingManager(
-        primary, [second, ExampleSecondaryTierManager(config, view, "slow")]
+        cpu_tier(2)[0], [second, ExampleSecondaryTierManager(config, view, "slow")]
     )
     assert [entry.name for entry in other.entries] == ["1:slow", "2:slow"]
     named = TierEntry(ExampleSecondaryTierManager(config, view, "example"), name="x")
@@ -274,7 +276,7 @@ def test_failed_promotion_frees_the_slot() -> None:
     stats = m.get_stats()
     assert stats.cpu.pending_blocks == 1 and stats.cpu.evictions == 2  # 1, then 2
     m.on_schedule_end()  # the tier reports failure
-    assert m.primary.lookup(key(1), ctx) is MISS  # the CPU tier forgot the key
+    assert m.primary.ref_count(key(1)) is None  # the CPU tier forgot the key
     assert m.primary.block_id(key(1)) is None
     stats = m.get_stats()
     assert stats.tiers[0].failed_promotions == 1 and stats.tiers[0].promoted_blocks == 0
@@ -335,7 +337,7 @@ def test_promotion_does_not_evict_blocks_answered_hit() -> None:
     # is about to load: the promotion must take 4 instead.
     assert m.lookup(key(3), ctx) is HIT
     assert m.lookup(key(1), ctx) is PENDING
-    assert m.primary.lookup(key(4), ctx) is MISS
+    assert m.primary.ref_count(key(4)) is None
     np.testing.assert_array_equal(load(m, [3], ctx), expected_rows(keys(3), BLOCK))
     m.on_schedule_end()
     np.testing.assert_array_equal(load(m, [1, 3], ctx), expected_rows(keys(1, 3), BLOCK))
@@ -366,21 +368,24 @@ def test_promotions_batched_per_tier_and_request() -> None:
     primary, config, view = cpu_tier(16)
     t0 = RecordingTier(config, view, "t0")
     t1 = RecordingTier(config, view, "t1")
-    m = TieringOffloadingManager(primary, [t0, t1])
     ctx = ReqContext("w")
-    # Blocks 0..5 only in t0, 10..15 only in t1 (each tier given its blocks directly).
+    # Blocks 0..5 only in t0, 10..15 only in t1 (each tier given its blocks directly, through
+    # the CPU tier before the stack is built: the tiered manager is its only caller then).
     for tier, ids in ((t0, range(6)), (t1, range(10, 16))):
-        out = m.primary.prepare_store(keys(*ids), ctx)
+        out = primary.prepare_store(keys(*ids), ctx)
         assert out is not None
-        m.kv_buffer.write_blocks(out.store_spec.block_ids, expected_rows(out.keys_to_store, BLOCK))
-        m.primary.complete_store(out.keys_to_store, ctx)
-        slots = m.primary.pin(out.keys_to_store, ctx)
+        assert primary.kv_buffer is not None
+        rows = expected_rows(out.keys_to_store, BLOCK)
+        primary.kv_buffer.write_blocks(out.store_spec.block_ids, rows)
+        primary.complete_store(out.keys_to_store, ctx)
+        slots = primary.pin(out.keys_to_store, ctx)
         tier.submit_store(
             JobMetadata(10_000, out.keys_to_store, np.asarray(slots), JobDirection.STORE, ctx)
         )
         tier.get_finished()
-        m.primary.unpin(out.keys_to_store, ctx)
-    m.reset_cache()
+        primary.unpin(out.keys_to_store, ctx)
+    primary.reset_cache()
+    m = TieringOffloadingManager(primary, [t0, t1])
     t0.jobs.clear()
     t1.jobs.clear()
     a, b, c = ReqContext("a"), ReqContext("b"), ReqContext("c")
@@ -434,7 +439,7 @@ def test_cascade_is_one_store_job_per_tier_and_pins_until_reported() -> None:
     for _ in range(10):
         if m.primary.ref_count(key(1)) == 0:
             break
-        assert m.primary.prepare_store(keys(7, 8), ctx) is None
+        assert m.primary.num_storable_blocks == 1  # 1, 2, 3 pinned: only the free slot
         m.on_schedule_end()
     assert m.primary.ref_count(key(1)) == 0
     assert slow.lookup(key(1), ctx) is True
@@ -500,16 +505,20 @@ def test_reset_cache_drains_tier_jobs_first() -> None:
     assert m.lookup(key(1), ctx) is PENDING  # evicts 3; the promotion is queued
     assert m.get_stats().promotions_queued == 1 and m.get_stats().jobs_in_flight >= 1
     seen: list[tuple[int, int]] = []
-    reset = primary._reset_cache  # the body the tiered manager calls (it holds the guard)
 
-    def checked_reset() -> None:
-        stats = m.get_stats()
-        seen.append((stats.jobs_in_flight, stats.promotions_queued))
-        reset()
+    class SeesTheReset:
+        @hookimpl
+        def kv_offload_cache_reset(self) -> None:  # the CPU tier was just emptied
+            stats = m.get_stats()
+            seen.append((stats.jobs_in_flight, stats.promotions_queued))
 
-    primary._reset_cache = checked_reset  # type: ignore[method-assign]
+    plugin = SeesTheReset()
+    m.plugin_manager.register(plugin)
     assert m.has_pending_work()
-    m.reset_cache()
+    try:
+        m.reset_cache()
+    finally:
+        m.plugin_manager.unregister(plugin)
     assert seen == [(0, 0)], "the CPU tier was reset while tier jobs were in flight"
     stats = m.get_stats()
     assert stats.cpu.resident_blocks == 0 and stats.cpu.free_blocks == 4

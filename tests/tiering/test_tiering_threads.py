@@ -31,7 +31,7 @@ from kv_offload import (
     build_manager,
     synchronized,
 )
-from kv_offload.errors import HookError, KeyStateError
+from kv_offload.errors import HookError, InvalidArgumentError, KeyStateError
 from kv_offload.plugins import create_plugin_manager, hookimpl
 from kv_offload.replay import replay
 from kv_offload.tiering import OffloadingConfig
@@ -222,22 +222,66 @@ def test_tier_event_hook_calling_the_flow_back_is_refused(
 def test_tier_event_hook_calling_the_cpu_tier_back_is_refused(
     method: str, call: Callable[[TieringOffloadingManager], object]
 ) -> None:
-    """The stack shares one entry token: a hook fired while the tiered manager acts may not
-    change its CPU tier behind its back (a pin taken here would outlive the job table's
-    bookkeeping), and the error names the tiered call that is running."""
+    """The CPU tier is handed over to the tiered manager, its only caller: a hook fired while
+    the tiered manager acts may not change the CPU tier behind its back (a pin taken here
+    would outlive the job table's bookkeeping), and the error names the owner."""
     manager = stack(4, (CallsBackOnJob(call),))
-    assert manager._entry is manager.primary._entry
+    assert manager.primary.owner is manager
     with pytest.raises(HookError) as info:
         store_and_step(manager)
     cause = info.value.__cause__
     assert isinstance(cause, ConcurrentUseError) and cause.reentrant
     assert cause.method == method and cause.manager == "CPUOffloadingManager"
-    assert "TieringOffloadingManager.on_schedule_end() is running on the same thread" in str(cause)
+    assert cause.owner == "TieringOffloadingManager"
+    assert "handed over to a TieringOffloadingManager" in str(cause)
     stats = manager.get_stats()
     assert stats.tiers[0].cascaded_blocks == 1 and stats.jobs_in_flight == 0
     assert stats.cpu.lookups == 0 and manager.primary.ref_count(key(9)) is None
     assert manager.primary.ref_count(key(1)) == 0  # only the cascade pinned it, and released
     assert manager.lookup(key(1), ReqContext("after")) is HIT  # the guard was given back
+
+
+@pytest.mark.parametrize(
+    "method, call",
+    [
+        ("lookup", lambda m: m.lookup(key(1), ReqContext("x"))),
+        ("prepare_store", lambda m: m.prepare_store([key(9)], ReqContext("x"))),
+        ("pin", lambda m: m.pin([key(1)], ReqContext("x"))),
+        ("reset_cache", lambda m: m.reset_cache()),
+        ("shutdown", lambda m: m.shutdown()),
+    ],
+)
+def test_the_tiered_manager_is_the_cpu_tiers_only_caller(
+    method: str, call: Callable[[CPUOffloadingManager], object]
+) -> None:
+    """By construction, not by convention: once a tiered manager is built over a CPU
+    manager, the CPU manager's request flow refuses every other caller, between calls too,
+    with nothing changed; its snapshot reads stay open."""
+    manager = stack(4, ())
+    store_and_step(manager)
+    primary = manager.primary
+    before = (primary.get_stats(), primary.ref_count(key(1)), primary.block_id(key(1)))
+    with pytest.raises(ConcurrentUseError) as info:
+        call(primary)
+    error = info.value
+    assert (error.method, error.owner, error.reentrant) == (
+        method,
+        "TieringOffloadingManager",
+        False,
+    )
+    assert f"CPUOffloadingManager.{method}() was called on a CPUOffloadingManager " in str(error)
+    assert "call the TieringOffloadingManager instead" in str(error)
+    assert (primary.get_stats(), primary.ref_count(key(1)), primary.block_id(key(1))) == before
+    assert manager.lookup(key(1), ReqContext("after")) is HIT
+
+
+def test_a_cpu_tier_serves_one_tiered_manager() -> None:
+    manager = stack(4, ())
+    with pytest.raises(
+        InvalidArgumentError, match="already handed over to a TieringOffloadingManager"
+    ):
+        TieringOffloadingManager(manager.primary, manager.tiers)
+    assert manager.primary.owner is manager
 
 
 def test_second_thread_on_the_tiered_manager_is_refused() -> None:

@@ -22,8 +22,8 @@ def check_num_blocks(num_blocks: Any, kv_buffer: CPUKVBuffer | None) -> None:
             f"num_blocks must be an int, got {type(num_blocks).__name__} {num_blocks!r}"
         )
     if num_blocks <= 0:
-        raise ConfigError(f"num_blocks must be > 0 (CPU tier size in blocks), got {num_blocks}")
-    # Rows past num_blocks are not the CPU tier's: a tiered manager's write-back staging.
+        raise ConfigError(f"num_blocks must be > 0 (CPU cache size in blocks), got {num_blocks}")
+    # Rows past num_blocks are not the cache's: an owner may use them (cpu/handover.py).
     if kv_buffer is not None and kv_buffer.num_blocks < num_blocks:
         raise ConfigError(
             f"kv_buffer has {kv_buffer.num_blocks} rows but num_blocks is {num_blocks}"

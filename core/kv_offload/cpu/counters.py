@@ -1,4 +1,4 @@
-"""The CPU tier's cumulative counters, and the stats snapshot built from them."""
+"""The CPU cache's cumulative counters, and the stats snapshot built from them."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from ..admission import AdmissionPolicy, checked_admit, overrides
 from ..base import OffloadingManager
 from ..block_status import BlockStatus
 from ..buffer import CPUKVBuffer
-from ..concurrency import entry_guarded, new_entry_token, unguarded
+from ..concurrency import entry_guarded, new_entry_token, take_for_good, unguarded
 from ..errors import ManagerError
 from ..events import EventLog
 from ..keys import OffloadKey
@@ -34,11 +34,13 @@ from ..types import (
     OffloadingStats,
     PrepareStoreOutput,
     ReqContext,
+    check_load_filter,
 )
 from . import validation as check
 from .construction import build_policy, check_num_blocks, overridden, plugin_setup
 from .counters import Counters
 from .eviction import Eviction
+from .handover import CPUCalls
 from .reuse_filter import DEFAULT_MAX_TRACKER_SIZE, cpu_admission
 from .slots import SlotTable, without_block
 
@@ -61,7 +63,7 @@ class CPUOffloadingManager(OffloadingManager):
     :attr:`event_log` for :meth:`take_events`. ``store_threshold`` (2 or more) stores a block
     from its ``store_threshold``-th offer on, offers counted for at most ``max_tracker_size``
     keys, as vLLM does; ``admission`` (an :class:`~kv_offload.admission.AdmissionPolicy`,
-    exclusive with ``store_threshold``) is any other rule for which offered blocks the tier
+    exclusive with ``store_threshold``) is any other rule for which offered blocks the cache
     stores (:mod:`~kv_offload.cpu.reuse_filter`).
 
     Single-threaded: each request-flow method (and ``pin``/``unpin``, ``take_events``,
@@ -97,7 +99,7 @@ class CPUOffloadingManager(OffloadingManager):
         self.cache_policy_name = cache_policy
         self.store_threshold = store_threshold
         self.max_tracker_size = max_tracker_size
-        #: What the tier asks before it stores (``store-threshold`` for ``store_threshold``
+        #: What the cache asks before it stores (``store-threshold`` for ``store_threshold``
         #: 2 or more, or the ``admission`` given); ``None``: every offered block is stored.
         self.admission: AdmissionPolicy | None = chosen
         self._admission_finished = (
@@ -117,13 +119,12 @@ class CPUOffloadingManager(OffloadingManager):
         #: The stack's ordered event log (``None`` unless ``enable_events``).
         self.event_log: EventLog | None = EventLog() if enable_events else None
         self._closed = False
-        #: Set by a tiered manager built over this CPU tier: request tier filters are then
-        #: that manager's to check (a CPU-only manager refuses a filter naming tiers).
-        self.fronts_tiers = False
-        #: Set by a tiered manager with a write-back tier: called with each eviction's keys
-        #: and slots before the slots are freed, so it can take the victims' bytes.
-        self.eviction_sink: Callable[[list[OffloadKey], list[BlockStatus]], None] | None = None
+        #: Called with each eviction's keys and slots before the slots are reused (their bytes
+        #: still intact); given by the owner at :meth:`hand_over`.
+        self._on_evict: Callable[[list[OffloadKey], list[BlockStatus]], None] | None = None
         self._entry = new_entry_token()  # taken by every request-flow call (concurrency.py)
+        #: The manager this one was handed over to (its only caller), if any.
+        self.owner: object | None = None
         self.counters = Counters()
         self._errors = HookErrorLog()
         self.plugin_manager, self.hooks, self._own_plugins = plugin_setup(plugin_manager, policy)
@@ -160,18 +161,15 @@ class CPUOffloadingManager(OffloadingManager):
     # -- request lifecycle ----------------------------------------------------------------
 
     @entry_guarded
-    def on_new_request(self, req_context: ReqContext) -> None:
+    def on_new_request(self, req_context: ReqContext, *, _alone: bool = True) -> None:
+        """A request arrived. A request's load filter can name no store but this cache
+        (``_alone``; an owner checks the filter itself: cpu/handover.py)."""
         if self._closed:
             raise check.closed_error("on_new_request")
         if getattr(req_context, "req_id", None) is None:
             check.check_context(req_context, "on_new_request")
-        if not self.fronts_tiers:  # a CPU-only manager: a tier filter names missing tiers
-            try:
-                tier_filter = req_context.load_tier_filter
-            except AttributeError:
-                tier_filter = None
-            if tier_filter is not None:
-                check.no_tier_to_filter(tier_filter)
+        if _alone:
+            check_load_filter(req_context)
         if (hook := self.hooks.request_started) is not None:
             hook(manager=self, req_context=req_context)
 
@@ -269,7 +267,8 @@ class CPUOffloadingManager(OffloadingManager):
     ) -> list[BlockStatus]:
         """Protect readable blocks from eviction (one more reader each); returns their slots.
 
-        ``prepare_load`` is this plus a spec; a tiered manager pins blocks it cascades.
+        ``prepare_load`` is this plus a spec and the request's access; an owner pins blocks it
+        copies elsewhere (cpu/handover.py).
         """
         key_list, blocks = self._blocks_of(keys, req_context, operation)
         pinned = self._slots.pin(blocks)
@@ -308,7 +307,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     @entry_guarded
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Mark blocks as recently used; keys not in the CPU tier are ignored."""
+        """Mark blocks as recently used; keys not in the cache are ignored."""
         if self._closed:
             raise check.closed_error("touch")
         if getattr(req_context, "req_id", None) is None:
@@ -331,7 +330,7 @@ class CPUOffloadingManager(OffloadingManager):
         req_context: ReqContext,
         *,
         protected: Collection[OffloadKey] = (),
-        bypass_reuse_filter: bool = False,
+        _offered: bool = True,
     ) -> PrepareStoreOutput | None:
         """Allocate slots for the keys not yet stored, evicting if needed.
 
@@ -341,8 +340,8 @@ class CPUOffloadingManager(OffloadingManager):
         With an admission (``store_threshold`` or ``admission``), it is offered every key and
         only the absent keys it admits are stored; an admission that breaks its contract is a
         :class:`~kv_offload.errors.PluginError` naming it, raised before anything is stored.
-        ``bypass_reuse_filter`` stores every absent key without asking (a tiered manager's
-        promotion: the block was admitted when it was first stored).
+        Blocks the engine did not offer (``_offered`` false: an owner's
+        :attr:`~kv_offload.cpu.handover.CPUCalls.reserve`) are stored without asking.
         """
         if self._closed:
             raise check.closed_error("prepare_store")
@@ -357,7 +356,7 @@ class CPUOffloadingManager(OffloadingManager):
             check.check_keys(to_store, "prepare_store")
         if self._on_request_access is not None:
             self._on_request_access(key_list, req_context)
-        if self.admission is not None and not bypass_reuse_filter:
+        if self.admission is not None and _offered:
             admission = self.admission
             admitted = set(checked_admit(admission, admission.plugin_name, key_list, req_context))
             count = len(to_store)
@@ -383,8 +382,8 @@ class CPUOffloadingManager(OffloadingManager):
                 self.counters.observe_allocation(count)
                 return None
             evicted, victim_blocks = chosen
-            if (sink := self.eviction_sink) is not None:
-                sink(evicted, victim_blocks)  # before the slots are reused: bytes still intact
+            if (on_evict := self._on_evict) is not None:
+                on_evict(evicted, victim_blocks)  # before the slots are reused: bytes intact
             self.counters.evictions += shortfall
             if self.event_log is not None:
                 self.event_log.record(evicted, MEDIUM_CPU, True)
@@ -446,7 +445,7 @@ class CPUOffloadingManager(OffloadingManager):
 
     def _holds(self, medium: str, key: OffloadKey) -> bool:
         """Whether ``medium`` holds ``key`` now (pending or loadable), for :meth:`take_events`:
-        only the CPU tier's failed stores are metadata-only removals."""
+        only this cache's failed stores are metadata-only removals."""
         return medium == MEDIUM_CPU and self._policy.get(key) is not None
 
     @entry_guarded
@@ -476,8 +475,6 @@ class CPUOffloadingManager(OffloadingManager):
 
         self._get = failed
 
-    _held_take_events = unguarded(take_events)
-
     def get_stats(self) -> OffloadingStats:
         return self.counters.snapshot(self.num_blocks, self._slots)
 
@@ -503,18 +500,25 @@ class CPUOffloadingManager(OffloadingManager):
                 self.plugin_manager.unregister(plugin)
         errors.raise_pending()
 
-    _held_shutdown = unguarded(shutdown)
+    # -- the hand-over to an owner --------------------------------------------------------
 
-    # -- the request flow for a caller holding the entry guard -----------------------------
-    # A tiered manager over this CPU tier takes this manager's entry token as its own (one
-    # guard per call of the stack: a hook calling either manager back is refused) and calls
-    # these bodies while it holds it.
+    def hand_over(
+        self,
+        owner: object,
+        on_evict: Callable[[list[OffloadKey], list[BlockStatus]], None] | None = None,
+    ) -> CPUCalls:
+        """Make ``owner`` (a manager built over this one, which takes the entry guard of each
+        call itself) this manager's only caller, and return the request flow it drives
+        (:mod:`kv_offload.cpu.handover`). ``on_evict`` is called with each eviction's keys and
+        slots before the slots are reused, their bytes still intact.
 
-    _held_on_new_request = unguarded(on_new_request)
-    _held_lookup = unguarded(lookup)
-    _held_on_request_finished = unguarded(on_request_finished)
-    _held_prepare_load = unguarded(prepare_load)
-    _held_complete_load = unguarded(complete_load)
-    _held_touch = unguarded(touch)
-    _held_prepare_store = unguarded(prepare_store)
-    _held_complete_store = unguarded(complete_store)
+        From now on the request-flow methods of this manager refuse every other caller with
+        :class:`~kv_offload.ConcurrentUseError` naming ``owner``; snapshot reads stay open. A
+        manager is handed over once: a second owner is refused.
+        """
+        if self.owner is not None:
+            raise check.handed_over_twice(self, self.owner, owner)
+        take_for_good(self, "hand_over")
+        self.owner = owner
+        self._on_evict = on_evict
+        return CPUCalls(self)

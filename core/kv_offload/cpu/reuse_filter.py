@@ -1,11 +1,11 @@
-"""The CPU tier's admission: vLLM's ``store_threshold`` or an admission plugin.
+"""The CPU cache's admission: vLLM's ``store_threshold`` or an admission plugin.
 
-Most prefixes of a conversation trace are seen once; writing each of them to the CPU tier
+Most prefixes of a conversation trace are seen once; writing each of them to the CPU cache
 costs a GPU->CPU copy and evicts a block that might have been reused. With
 ``store_threshold = n`` (``n >= 2``) a block is stored only from its ``n``-th offer on, as
 vLLM 0.33's ``CPUOffloadingManager`` does: that rule is the core's ``store-threshold``
-admission (:class:`~kv_offload.admission.StoreThreshold`, the one implementation the CPU tier
-and the secondary tiers share). Any other admission plugin can take its place
+admission (:class:`~kv_offload.admission.StoreThreshold`, the one implementation every
+store of a stack shares). Any other admission plugin can take its place
 (``admission = "NAME"``). Values of ``store_threshold`` below 2 mean "off"; the manager then
 holds no admission at all and its store path pays one ``is None`` check.
 """
@@ -49,7 +49,7 @@ def cpu_admission(
     max_tracker_size: Any,
     admission: AdmissionPolicy | None,
 ) -> AdmissionPolicy | None:
-    """The admission the CPU tier asks before it stores: ``admission`` if given, else
+    """The admission the CPU cache asks before it stores: ``admission`` if given, else
     ``store-threshold`` when ``store_threshold`` is 2 or more, else ``None`` (store every
     offered block). Both at once is a :class:`~kv_offload.ConfigError`: two rules would
     decide one store."""
@@ -63,7 +63,7 @@ def cpu_admission(
         if threshold >= 2:
             raise ConfigError(
                 f"both an admission ({admission.plugin_name or type(admission).__name__}) and "
-                f"store_threshold = {threshold} choose what the CPU tier stores; keep one"
+                f"store_threshold = {threshold} choose what the CPU cache stores; keep one"
             )
         return admission
     if threshold < 2:

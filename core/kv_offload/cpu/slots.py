@@ -1,4 +1,4 @@
-"""The CPU tier's slot table: reference counts, the free list and allocation.
+"""The CPU cache's slot table: reference counts, the free list and allocation.
 
 Fast-path module. Every manager call runs through these loops, once per key, so they are
 written for CPython's speed (plain ``for`` loops over short batches, which beat C-level

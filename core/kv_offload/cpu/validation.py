@@ -116,22 +116,13 @@ def malformed_keys(key_list: Sequence[Any], operation: str) -> InvalidArgumentEr
     return None
 
 
-def no_tier_to_filter(tier_filter: Any) -> None:
-    """A ``load_tier_filter`` on a CPU-only manager: a filter naming tiers names tiers this
-    stack does not have (the same error a tiered stack gives for an unknown name)."""
-    from ..tier_types import TierFilter  # the value type, not a dependency of the hot path
-
-    if not isinstance(tier_filter, TierFilter):
-        raise InvalidArgumentError(
-            f"ReqContext.load_tier_filter must be a kv_offload.TierFilter or None, got "
-            f"{tier_filter!r}"
-        )
-    if tier_filter.tiers:
-        names = ", ".join(map(repr, sorted(tier_filter.tiers)))
-        raise InvalidArgumentError(
-            f"TierFilter names tier(s) {names} that this stack does not have; its tiers are: "
-            f"none (a CPU-only manager)"
-        )
+def handed_over_twice(manager: object, owner: object, second: object) -> InvalidArgumentError:
+    """``hand_over`` of a manager that already has an ``owner``: one owner per manager."""
+    cls, first, second = type(manager).__name__, type(owner).__name__, type(second).__name__
+    return InvalidArgumentError(
+        f"this {cls} was already handed over to a {first}; it cannot also serve a {second}: "
+        f"build one {cls} per stack"
+    )
 
 
 def key_state_error(
@@ -145,7 +136,7 @@ def key_state_error(
     for key, count in zip(key_list, counts):
         if wrong(count):
             state = {
-                None: "not in the CPU tier",
+                None: "not in the CPU cache",
                 -1: "pending (its store is in flight)",
                 0: "idle (not pinned)",
             }.get(count, f"pinned {count} time(s)")

@@ -9,13 +9,14 @@
 * Which blocks each tier writes, and when (write-through or write-back, admission):
   :mod:`kv_offload.tiering.writes`; this module acts on its decisions.
 
-This module is the only code that calls the CPU tier. The job table
-(:mod:`kv_offload.tiering.jobs`: jobs, per-tier counters and fault reports), the promotions
-(:mod:`kv_offload.tiering.promotions`: the promotion state machine) and the request scope
-decide what to pin, reserve, complete or ask; the manager acts on their decisions and tells
-them the outcome. The manager takes the CPU tier's
-entry token as its own, so each call of the stack takes one entry guard and the CPU tier's
-bodies run without a second one; the CPU tier validates the input once. The tiers' events are
+This module is the only code that calls the CPU tier: the CPU manager is handed over to it
+(``CPUOffloadingManager.hand_over``, :mod:`kv_offload.cpu.handover`) and refuses every other
+caller from then on. The job table (:mod:`kv_offload.tiering.jobs`: jobs, per-tier counters
+and fault reports), the promotions (:mod:`kv_offload.tiering.promotions`: the promotion state
+machine) and the request scope decide what to pin, reserve, complete or ask; the manager acts
+on their decisions and tells them the outcome. Each call of the stack takes this manager's
+entry guard once; the CPU tier's bodies run without a second one and validate the input
+once. The tiers' events are
 recorded in the CPU manager's event log, so one log holds the whole stack's events in order.
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from ..base import OffloadingManager
 from ..buffer import CPUKVBuffer
-from ..concurrency import entry_guarded
+from ..concurrency import entry_guarded, new_entry_token
 from ..cpu import CPUOffloadingManager
 from ..cpu.validation import all_keys, as_list, check_context, check_keys, closed_error
 from ..errors import ConfigError
@@ -81,14 +82,16 @@ class TieringOffloadingManager(OffloadingManager):
     ``promotion_limits`` bounds every ``PENDING`` answer (promotion deadline, failure backoff:
     :mod:`kv_offload.tiering.promotions`); ``None`` takes the defaults.
 
-    Single-threaded like its CPU tier, whose entry token it shares: every request-flow method,
-    ``drain``, ``take_events``, ``reset_cache`` and ``shutdown`` take the entry guard of
-    :mod:`kv_offload.concurrency` once, so a second thread, or a hook calling back into either
-    manager (say from ``tier_job_finished``), gets :class:`~kv_offload.ConcurrentUseError`
-    with nothing changed. ``get_stats()``, ``cpu_stats()``, ``tier_stats()`` and
-    ``has_pending_work()`` are lock-free reads. Tiers never call the manager: their threads
-    touch only the CPU buffer rows of their jobs, and results are collected here, on the
-    scheduler's thread. Share the stack between threads with :func:`kv_offload.synchronized`.
+    Single-threaded like its CPU tier, which is handed over to it (its only caller from then
+    on): every request-flow method, ``drain``, ``take_events``, ``reset_cache`` and
+    ``shutdown`` take the entry guard of :mod:`kv_offload.concurrency` once, so a second
+    thread, or a hook calling back into this manager (say from ``tier_job_finished``), gets
+    :class:`~kv_offload.ConcurrentUseError` with nothing changed; the CPU tier's request flow
+    refuses every caller but this manager, at any time. ``get_stats()``, ``cpu_stats()``,
+    ``tier_stats()`` and ``has_pending_work()`` are lock-free reads. Tiers never call the
+    manager: their threads touch only the CPU buffer rows of their jobs, and results are
+    collected here, on the scheduler's thread. Share the stack between threads with
+    :func:`kv_offload.synchronized`.
     """
 
     def __init__(
@@ -107,7 +110,6 @@ class TieringOffloadingManager(OffloadingManager):
             )
         records = tier_records(secondary_tiers, backpressure)
         self.primary = primary
-        primary.fronts_tiers = True
         self.kv_buffer: CPUKVBuffer = primary.kv_buffer
         #: The manager's record of each tier, in cascade order.
         self._tiers: list[TierRecord] = records
@@ -124,8 +126,9 @@ class TieringOffloadingManager(OffloadingManager):
         self._scope = RequestScope(records)
         self._closed = False
         self._load_pins = LoadPins()  # the engine's, not the cascades'
-        #: The CPU tier's entry token: one guard for a call of the stack (concurrency.py).
-        self._entry = primary._entry
+        #: The stack's entry guard, taken once per call here, the object the engine holds
+        #: (concurrency.py); the CPU tier is driven through its hand-over, below.
+        self._entry = new_entry_token()
         self._own_plugins = [
             p for tier in self.tiers for p in register_if_hookimpl(self.plugin_manager, tier)
         ]
@@ -133,8 +136,12 @@ class TieringOffloadingManager(OffloadingManager):
         self._writes = StackWrites(records, self.kv_buffer.array, primary.num_blocks)
         self._back = self._writes.back
         self._lookup_observers = self._writes.lookup_observers
-        if self._back is not None:
-            primary.eviction_sink = self._back.evicted
+        #: The CPU tier's request flow, handed over to this manager, its only caller
+        #: (cpu/handover.py): its method bodies, without a second guard. Write-back tiers
+        #: take the bytes of the blocks the CPU tier evicts.
+        self._cpu = primary.hand_over(
+            self, on_evict=None if self._back is None else self._back.evicted
+        )
 
     # -- the request flow -----------------------------------------------------------------
 
@@ -142,7 +149,7 @@ class TieringOffloadingManager(OffloadingManager):
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         """Start the request in the CPU tier and ask every tier for its offload policy:
         ``REQUEST_LEVEL`` if any tier wants the whole request, else ``CHUNK_LEVEL``."""
-        self.primary._held_on_new_request(req_context)
+        self._cpu.start_request(req_context)
         return self._scope.start(req_context)
 
     @entry_guarded
@@ -151,7 +158,7 @@ class TieringOffloadingManager(OffloadingManager):
     ) -> CPULoadStoreSpec:
         if self._closed:
             raise closed_error("prepare_load")
-        spec = self.primary._held_prepare_load(keys, req_context)
+        spec = self._cpu.prepare_load(keys, req_context)
         self._load_pins.add(keys)
         return spec
 
@@ -164,7 +171,7 @@ class TieringOffloadingManager(OffloadingManager):
             raise closed_error("complete_load")
         key_list = keys if type(keys) is list else as_list(keys, "complete_load")
         self._load_pins.check_pinned(key_list)
-        self.primary._held_complete_load(key_list, req_context)
+        self._cpu.complete_load(key_list, req_context)
         self._load_pins.release(key_list)
 
     @entry_guarded
@@ -190,7 +197,7 @@ class TieringOffloadingManager(OffloadingManager):
         if back is not None:
             self._wait_for_rows(len(keys))
         output: PrepareStoreOutput | None = self._errors.call(
-            primary._held_prepare_store, keys, req_context, protected=protected
+            self._cpu.prepare_store, keys, req_context, protected=protected
         )
         if back is not None and back.pending:
             back.admit_evicted(req_context, self._errors)
@@ -216,7 +223,7 @@ class TieringOffloadingManager(OffloadingManager):
         key_list = keys if type(keys) is list else as_list(keys, "touch")
         if not all_keys(key_list):  # the tiers are told: refused whole, up front
             check_keys(key_list, "touch")
-        self.primary._held_touch(key_list, req_context)
+        self._cpu.touch(key_list, req_context)
         for tier in self.tiers:
             tier.touch(key_list, req_context)
 
@@ -233,7 +240,7 @@ class TieringOffloadingManager(OffloadingManager):
         tiers the request's ``load_tier_filter`` allows are asked.
         """
         asked = self._scope.tiers_for(req_context)  # raises before anything changed
-        result = self.primary._held_lookup(key, req_context)
+        result = self._cpu.lookup(key, req_context)
         if not self.tiers:
             return result
         if self._lookup_observers:
@@ -278,11 +285,7 @@ class TieringOffloadingManager(OffloadingManager):
         if back is not None:
             self._wait_for_rows(1)
         out: PrepareStoreOutput | None = self._errors.call(
-            self.primary._held_prepare_store,
-            [key],
-            ctx,
-            protected=self._promotions.protected(ctx.req_id),
-            bypass_reuse_filter=True,
+            self._cpu.reserve, [key], ctx, protected=self._promotions.protected(ctx.req_id)
         )
         if back is not None and back.pending:
             back.admit_evicted(ctx, self._errors)
@@ -303,7 +306,7 @@ class TieringOffloadingManager(OffloadingManager):
             back.rescued += 1
             self._promotions.note_found(ctx.req_id, key)
         if reserved:
-            self._errors.call(self.primary._held_complete_store, [key], ctx, landed)
+            self._errors.call(self._cpu.complete_store, [key], ctx, landed)
         self._errors.raise_pending()
         return _HIT if landed else None
 
@@ -338,7 +341,7 @@ class TieringOffloadingManager(OffloadingManager):
         key_list = keys if type(keys) is list else as_list(keys, "complete_store")
         self._promotions.check_not_promoting(key_list, "complete_store")
         # The CPU store is done even if one of its hooks raised: cascade it, then report.
-        self._errors.call(self.primary._held_complete_store, key_list, req_context, success)
+        self._errors.call(self._cpu.complete_store, key_list, req_context, success)
         if success and key_list:
             if self._back is not None:
                 self._back.stored(key_list)  # written back when evicted
@@ -357,7 +360,7 @@ class TieringOffloadingManager(OffloadingManager):
         (the job table counts that and fires ``kv_offload_cascade_dropped``)."""
         primary = self.primary
         if self._jobs.admit(tier, keys, ctx, primary.hooks):
-            slots = primary._pin(keys, ctx, "cascade")
+            slots = self._cpu.pin(keys, ctx, "cascade")
             self._submit(tier, _STORE, keys, slots, ctx)
 
     def _submit_write_backs(self) -> None:
@@ -431,15 +434,15 @@ class TieringOffloadingManager(OffloadingManager):
         if done.direction is _LOAD:
             call = self._errors.call
             if done.good:
-                call(primary._held_complete_store, done.good, ctx, True)
+                call(self._cpu.complete_store, done.good, ctx, True)
             if done.failed:
-                call(primary._held_complete_store, done.failed, ctx, False)
+                call(self._cpu.complete_store, done.failed, ctx, False)
         else:
             if done.job.staged:
                 if self._back is not None:
                     self._back.release(done.keys)
             else:
-                primary._unpin(done.keys, ctx, "cascade")
+                self._cpu.unpin(done.keys, ctx, "cascade")
             log = primary.event_log
             if log is not None and done.good:
                 log.record(list(done.good), done.tier.name, False)
@@ -473,7 +476,7 @@ class TieringOffloadingManager(OffloadingManager):
             self._scope.finish(req_id)
         for tier in self.tiers:
             tier.on_request_finished(req_context)
-        self._errors.call(self.primary._held_on_request_finished, req_context)
+        self._errors.call(self._cpu.finish_request, req_context)
         self._errors.raise_pending()
 
     def queued_promotions(self) -> dict[str, int]:
@@ -506,7 +509,7 @@ class TieringOffloadingManager(OffloadingManager):
     @entry_guarded
     def take_events(self) -> list[OffloadingEvent]:
         """The whole stack's events since the last call, in the order they happened."""
-        return self.primary._held_take_events()
+        return self._cpu.take_events()
 
     @entry_guarded
     def reset_cache(self) -> None:
@@ -515,11 +518,10 @@ class TieringOffloadingManager(OffloadingManager):
         backpressure measurements restart; secondary tiers keep their blocks (they may be
         shared with other engines). If a tier does not report in time the drain raises
         :class:`~kv_offload.errors.ManagerError` and nothing is reset."""
-        primary = self.primary
         for ctx, keys in self._promotions.cancel_queued():
-            self._errors.call(primary._held_complete_store, keys, ctx, False)
+            self._errors.call(self._cpu.complete_store, keys, ctx, False)
         self._drain(self.drain_timeout)
-        self._errors.call(primary._reset_cache)
+        self._errors.call(self._cpu.reset_cache)
         self._load_pins.clear()
         self._jobs.reset()
         self._writes.reset()
@@ -557,7 +559,7 @@ class TieringOffloadingManager(OffloadingManager):
             self._drain()
         finally:
             try:
-                self._errors.call(self.primary._held_shutdown)
+                self._errors.call(self._cpu.shutdown)
             finally:
                 for tier in self._tiers:
                     try:
