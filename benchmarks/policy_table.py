@@ -68,6 +68,18 @@ Requests = list[tuple[ReqContext, list[OffloadKey]]]
 
 
 @dataclass(frozen=True)
+class TraceInfo:
+    """What the table says about a trace."""
+
+    name: str
+    description: str
+    requests: int
+    blocks: int
+    distinct_blocks: int
+    infinite_hit_ratio: float
+
+
+@dataclass(frozen=True)
 class Workload:
     """A trace as the replay takes it, and what the table says about it."""
 
@@ -77,6 +89,16 @@ class Workload:
     blocks: int
     distinct_blocks: int
     infinite_hit_ratio: float
+
+    def info(self) -> TraceInfo:
+        return TraceInfo(
+            self.name,
+            self.description,
+            len(self.requests),
+            self.blocks,
+            self.distinct_blocks,
+            self.infinite_hit_ratio,
+        )
 
 
 @dataclass(frozen=True)
@@ -101,7 +123,7 @@ class Row:
 @dataclass
 class Table:
     rows: list[Row] = field(default_factory=list)
-    workloads: list[Workload] = field(default_factory=list)
+    traces: list[TraceInfo] = field(default_factory=list)
     #: (trace, capacity, why) of the sizes left out.
     skipped: list[tuple[str, int, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -171,7 +193,7 @@ def measure(
     """The rows of one trace: per size, every policy's replays interleaved, then Belady."""
     if not policies or policies[0] != "lru":
         raise ValueError("the first policy must be lru: the baseline of gap shares and speed")
-    table = Table(workloads=[workload])
+    table = Table(traces=[workload.info()])
     keys = [k for _, k in workload.requests]
     for capacity in capacities:
         if capacity >= workload.distinct_blocks:
@@ -243,23 +265,50 @@ def _cell(value: float | None, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
+def summary(rows: Sequence[Row]) -> list[str]:
+    """Per policy over every row above: the mean gap share (sizes with a gap), how often it
+    is above, level with and below LRU, its worst shortfall, and its speed against LRU."""
+    lru = {(r.trace, r.capacity): r.hit_ratio for r in rows if r.policy == "lru"}
+    out = [
+        "### Every trace and size",
+        "",
+        "| policy | mean gap share | above / level / below LRU | worst hit ratio - LRU "
+        "| x LRU best | x LRU median |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for policy in dict.fromkeys(r.policy for r in rows if not r.bound and r.policy != "lru"):
+        mine = [r for r in rows if r.policy == policy]
+        shares = [r.gap_share for r in mine if r.gap_share is not None]
+        deltas = [r.hit_ratio - lru[r.trace, r.capacity] for r in mine]
+        above = sum(d > 1e-12 for d in deltas)
+        below = sum(d < -1e-12 for d in deltas)
+        best = [r.x_lru_best for r in mine if r.x_lru_best is not None]
+        median = [r.x_lru_median for r in mine if r.x_lru_median is not None]
+        out.append(
+            f"| `{policy}` | {_cell(statistics.mean(shares) if shares else None, '+.1%')} "
+            f"| {above} / {len(deltas) - above - below} / {below} | {min(deltas):+.4f} "
+            f"| {min(best):.2f}-{max(best):.2f} | {statistics.median(median):.2f} |"
+        )
+    return [*out, ""]
+
+
 def markdown(table: Table, command: str, repeat: int, seconds: float) -> str:
     """The table as docs/policies.md shows it: one section per trace, the best online policy
     of each size in bold."""
     out = [f"`{command}` ({repeat} interleaved round(s) per size, {seconds:,.0f} s in all)", ""]
-    for workload in table.workloads:
+    for trace in table.traces:
         out += [
-            f"### {workload.name}",
+            f"### {trace.name}",
             "",
-            f"{workload.description}: {len(workload.requests):,} requests, "
-            f"{workload.blocks:,} blocks looked up, {workload.distinct_blocks:,} distinct; "
-            f"an infinite cache hits {workload.infinite_hit_ratio:.4f}.",
+            f"{trace.description}: {trace.requests:,} requests, "
+            f"{trace.blocks:,} blocks looked up, {trace.distinct_blocks:,} distinct; "
+            f"an infinite cache hits {trace.infinite_hit_ratio:.4f}.",
             "",
             "| CPU blocks | policy | hit ratio | gap share | moved per hit | x LRU best "
             "| x LRU median |",
             "|---:|---|---:|---:|---:|---:|---:|",
         ]
-        rows = [r for r in table.rows if r.trace == workload.name]
+        rows = [r for r in table.rows if r.trace == trace.name]
         if not rows:
             out[-3:] = ["Every size left out (below)."]
         for capacity in dict.fromkeys(r.capacity for r in rows):
@@ -285,6 +334,7 @@ def markdown(table: Table, command: str, repeat: int, seconds: float) -> str:
                 "(the sizes above).",
             ]
         out.append("")
+    out += summary(table.rows)
     for trace, capacity, why in table.skipped:
         out.append(f"* {trace} at {capacity:,} CPU blocks left out: {why}.")
     for note in table.notes:
@@ -296,6 +346,14 @@ def markdown(table: Table, command: str, repeat: int, seconds: float) -> str:
             "access model Belady is not a proven optimum (kv_offload.bounds)."
         )
     return "\n".join(out).rstrip() + "\n"
+
+
+def shown_command(args: list[str]) -> str:
+    """The command line that measured a table, without where its JSON went."""
+    if "--json" in args:
+        at = args.index("--json")
+        del args[at : at + 2]
+    return " ".join(["python benchmarks/policy_table.py", *args])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -312,7 +370,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{SHORT_REPEAT} rounds (each left to what is given explicitly)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="print the table of an earlier --json run"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        document = json.loads(args.render.read_text())
+        table = Table(
+            rows=[Row(**r) for r in document["rows"]],
+            traces=[TraceInfo(**t) for t in document["traces"]],
+            skipped=[(t, c, why) for t, c, why in document["skipped"]],
+            notes=document["notes"],
+        )
+        command = shown_command(document["command"].split()[2:])
+        print(markdown(table, command, document["repeat"], document["seconds"]), end="")
+        return 0
     traces = args.trace or (SHORT_TRACES if args.short else TRACES)
     capacities = args.capacity or (SHORT_CAPACITIES if args.short else CAPACITIES)
     repeat = args.repeat or (SHORT_REPEAT if args.short else REPEAT)
@@ -324,30 +396,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for spec in traces:
         part = measure(load_workload(spec, args.seed), capacities, policies, repeat)
         table.rows += part.rows
-        table.workloads += part.workloads
+        table.traces += part.traces
         table.skipped += part.skipped
         table.notes += part.notes
     seconds = time.perf_counter() - start
-    command = "python benchmarks/policy_table.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
-    print(markdown(table, command.strip(), repeat, seconds), end="")
+    command = shown_command(list(argv if argv is not None else sys.argv[1:]))
+    print(markdown(table, command, repeat, seconds), end="")
     if args.json:
         document = {
             "command": command,
             "repeat": repeat,
             "seconds": seconds,
-            "traces": [
-                {
-                    "name": w.name,
-                    "description": w.description,
-                    "requests": len(w.requests),
-                    "blocks": w.blocks,
-                    "distinct_blocks": w.distinct_blocks,
-                    "infinite_hit_ratio": w.infinite_hit_ratio,
-                }
-                for w in table.workloads
-            ],
+            "traces": [asdict(t) for t in table.traces],
             "rows": [asdict(r) for r in table.rows],
             "skipped": table.skipped,
             "notes": table.notes,

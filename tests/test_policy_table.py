@@ -104,7 +104,26 @@ def test_hit_ratios_are_those_of_a_direct_replay(table: Table) -> None:
 def test_the_markdown_names_its_command_and_every_row(table: Table) -> None:
     document, _, text = table
     assert text.startswith("`python benchmarks/policy_table.py --short ")
+    assert "--json" not in text.splitlines()[0]
     assert "*Belady (offline bound)*" in text
     for policy in shipped_policies():
         assert f"| `{policy}` |" in text
     assert text.count(" left out: all ") == len(document["skipped"]) == 2
+
+
+def test_render_prints_the_same_table_from_the_json(table: Table, tmp_path: Path) -> None:
+    document, _, text = table
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(document))
+    rendered = tmp_path / "rendered.md"
+    with rendered.open("w") as handle, contextlib.redirect_stdout(handle):
+        assert main(["--render", str(saved)]) == 0
+    assert rendered.read_text() == text
+    # the summary: one line per policy but LRU, its rows counted against LRU's
+    for policy in shipped_policies():
+        if policy != "lru":
+            line = next(
+                x for x in text.splitlines() if x.startswith(f"| `{policy}` | ") and "/" in x
+            )
+            above, level, below = (int(n) for n in line.split("|")[3].split("/"))
+            assert above + level + below == len(CAPACITIES) * 2
