@@ -42,6 +42,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kv_offload import CPUOffloadingManager, OffloadKey, ReqContext, make_offload_key
 from kv_offload.bounds import belady, gap_share, infinite
@@ -292,10 +293,14 @@ def summary(rows: Sequence[Row]) -> list[str]:
     return [*out, ""]
 
 
-def markdown(table: Table, command: str, repeat: int, seconds: float) -> str:
+def run_line(command: str, repeat: int, seconds: float) -> str:
+    return f"`{command}` ({repeat} interleaved round(s) per size, {seconds:,.0f} s in all)"
+
+
+def markdown(table: Table, runs: Sequence[str]) -> str:
     """The table as docs/policies.md shows it: one section per trace, the best online policy
     of each size in bold."""
-    out = [f"`{command}` ({repeat} interleaved round(s) per size, {seconds:,.0f} s in all)", ""]
+    out = [*runs, ""]
     for trace in table.traces:
         out += [
             f"### {trace.name}",
@@ -348,6 +353,40 @@ def markdown(table: Table, command: str, repeat: int, seconds: float) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def render(documents: Sequence[dict[str, Any]]) -> str:
+    """The markdown of ``--json`` documents: the first one's rows, each later one's rows of a
+    policy other than LRU and Belady in their place (their speed against the LRU of their own
+    run, LRU's and Belady's hit ratios being the same in every run)."""
+    rows: dict[tuple[str, int, str], Row] = {}
+    table = Table()
+    runs = []
+    for n, document in enumerate(documents):
+        line = run_line(
+            shown_command(document["command"].split()[2:]),
+            document["repeat"],
+            document["seconds"],
+        )
+        replaced = []
+        for fields in document["rows"]:
+            row = Row(**fields)
+            key = (row.trace, row.capacity, row.policy)
+            if n == 0 or (key in rows and not row.bound and row.policy != "lru"):
+                rows[key] = row
+                replaced.append(row.policy)
+        if n:
+            names = ", ".join(f"`{p}`" for p in dict.fromkeys(replaced)) or "none"
+            line = f"then {line}; its rows of {names} replace the first run's"
+        runs.append(line)
+        known = {t.name for t in table.traces}
+        table.traces += [TraceInfo(**t) for t in document["traces"] if t["name"] not in known]
+        table.skipped += [
+            (t, c, why) for t, c, why in document["skipped"] if (t, c, why) not in table.skipped
+        ]
+        table.notes += document["notes"]
+    table.rows = list(rows.values())
+    return markdown(table, runs)
+
+
 def shown_command(args: list[str]) -> str:
     """The command line that measured a table, without where its JSON went."""
     if "--json" in args:
@@ -371,19 +410,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument(
-        "--render", type=Path, metavar="JSON", help="print the table of an earlier --json run"
+        "--render",
+        type=Path,
+        action="append",
+        metavar="JSON",
+        help="print the table of earlier --json runs; a later run's rows of a policy but LRU "
+        "replace the earlier ones' (a policy re-measured after it changed)",
     )
     args = parser.parse_args(argv)
     if args.render:
-        document = json.loads(args.render.read_text())
-        table = Table(
-            rows=[Row(**r) for r in document["rows"]],
-            traces=[TraceInfo(**t) for t in document["traces"]],
-            skipped=[(t, c, why) for t, c, why in document["skipped"]],
-            notes=document["notes"],
-        )
-        command = shown_command(document["command"].split()[2:])
-        print(markdown(table, command, document["repeat"], document["seconds"]), end="")
+        print(render([json.loads(path.read_text()) for path in args.render]), end="")
         return 0
     traces = args.trace or (SHORT_TRACES if args.short else TRACES)
     capacities = args.capacity or (SHORT_CAPACITIES if args.short else CAPACITIES)
@@ -401,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table.notes += part.notes
     seconds = time.perf_counter() - start
     command = shown_command(list(argv if argv is not None else sys.argv[1:]))
-    print(markdown(table, command, repeat, seconds), end="")
+    print(markdown(table, [run_line(command, repeat, seconds)]), end="")
     if args.json:
         document = {
             "command": command,

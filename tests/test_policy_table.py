@@ -16,7 +16,7 @@ from kv_offload.synthetic_trace import generate
 from kv_offload.trace import MOONCAKE_BLOCK_TOKENS, read_trace
 from kv_offload.trace_presets import preset
 
-from benchmarks.policy_table import BUNDLED, main, shipped_policies
+from benchmarks.policy_table import BUNDLED, main, render, shipped_policies
 
 CAPACITIES = [64, 128]
 HUGE = 1_000_000  # more than both traces' distinct blocks: left out
@@ -119,6 +119,14 @@ def test_render_prints_the_same_table_from_the_json(table: Table, tmp_path: Path
     with rendered.open("w") as handle, contextlib.redirect_stdout(handle):
         assert main(["--render", str(saved)]) == 0
     assert rendered.read_text() == text
+    # a later run's rows of a policy (not LRU's, not Belady's) replace the first run's
+    keep = {"sae", "lru", "Belady (offline bound)"}
+    later = {**document, "rows": [dict(r) for r in document["rows"] if r["policy"] in keep]}
+    for row in later["rows"]:
+        row["hit_ratio"] = 0.123456 if row["policy"] == "sae" else 0.654321
+    merged = render([document, later])
+    assert "0.1235" in merged and "0.6543" not in merged
+    assert "its rows of `sae` replace the first run's" in merged
     # the summary: one line per policy but LRU, its rows counted against LRU's
     for policy in shipped_policies():
         if policy != "lru":
