@@ -409,7 +409,7 @@ def bench(session: nox.Session) -> None:
 def policy_table(session: nox.Session) -> None:
     """benchmarks/policy_table.py: every installed policy against LRU and Belady's offline
     bound on the bundled and generated multi-turn traces (docs/policies.md publishes its
-    table; the full run takes about half an hour on 2 cores). ``-- --short`` is the variant
+    table; the full run took 38 minutes on 2 shared cores). ``-- --short`` is the variant
     .ci/run runs: small traces, two rounds, under a minute."""
     install_stack(session)
     session.run("python", "benchmarks/policy_table.py", *session.posargs)

@@ -26,7 +26,7 @@ either with ``@N`` for its first N requests, or ``PRESET:N``: N conversations of
 ``kv-offload trace generate`` parameter set (sharegpt, chat-short, agent), seeded by
 ``--seed``. Full 512-token blocks only, as the replays of the bundled trace elsewhere.
 
-    python benchmarks/policy_table.py              # the published table (~30 min on 2 cores)
+    python benchmarks/policy_table.py              # the published table (~40 min on 2 cores)
     python benchmarks/policy_table.py --short      # the CI variant: small traces, < 1 min
     python benchmarks/policy_table.py --trace sharegpt:2000 --capacity 5000 --policy sae
 """
