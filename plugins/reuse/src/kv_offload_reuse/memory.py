@@ -15,10 +15,16 @@ buffer for the wipe; guarded by ``benchmarks/reuse_policy.py`` and by
 from __future__ import annotations
 
 from array import array
+from collections import deque
+from itertools import repeat
+from operator import lshift, or_, rshift
 
 import numpy as np
 from kv_offload import OffloadKey
 from xxhash import xxh3_64_intdigest as stable_hash
+
+_SINK: deque[object] = deque(maxlen=0)
+_consume = _SINK.extend  # drains a map run for its side effects, at C speed
 
 __all__ = ["EPOCHS", "FROM_T1", "FROM_T2", "SLOTS_PER_BLOCK", "WINDOW", "EvictionMemory", "slot_of"]
 
@@ -95,11 +101,12 @@ class EvictionMemory:
     def remember(self, keys: list[OffloadKey], origin: int) -> None:
         """Record the eviction of ``keys`` from list ``origin`` (:data:`FROM_T1` or
         :data:`FROM_T2`) in this epoch."""
-        table = self.table
-        size = self.size
+        hashes = list(map(stable_hash, keys))
         stamp = self.epoch << 2 | origin
-        for h in map(stable_hash, keys):
-            table[h % size] = (h >> 56) << 8 | stamp
+        # word = fingerprint << 8 | stamp, written at hash % size, in C-level maps (a later
+        # key of the batch overwrites an earlier one in the same slot, as one at a time would)
+        words = map(or_, map(lshift, map(rshift, hashes, repeat(56)), repeat(8)), repeat(stamp))
+        _consume(map(self.table.__setitem__, map(self.size.__rmod__, hashes), words))
         origin -= FROM_T1
         count = len(keys)
         self.evicted[origin][self.epoch] += count

@@ -11,7 +11,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from itertools import chain, compress, filterfalse, islice, repeat
 from math import ceil
-from operator import attrgetter, eq, itemgetter, not_, rshift
+from operator import eq, itemgetter, not_, rshift
 
 from kv_offload import ConfigError, OffloadKey, ReqContext
 from kv_offload.policies import BlockStatus, CachePolicy
@@ -29,7 +29,6 @@ INITIAL_P = 0.5
 _Victims = list[tuple[OffloadKey, BlockStatus]]
 _key = itemgetter(0)
 _block = itemgetter(1)
-_ref_cnt = attrgetter("ref_cnt")
 # Drains an iterator at C speed, for maps run only for their side effects.
 #: The ways REPLACE can split the cache, one miniature each (see ``ReuseCachePolicy.mode``).
 ADAPTIVE = "adaptive"
@@ -363,15 +362,13 @@ class ReuseCachePolicy(CachePolicy):
         # which C-level maps check without a Python step per block.
         picked1 = list(islice(t1.items(), from1))
         picked2 = list(islice(t2.items(), n - from1))
-        if not (
-            any(map(_ref_cnt, map(_block, picked1)))
-            or any(map(_ref_cnt, map(_block, picked2)))
-            or not protected.isdisjoint(map(_key, picked1))
-            or not protected.isdisjoint(map(_key, picked2))
+        picked = picked1 + picked2
+        if not BlockStatus.any_in_use(list(map(_block, picked))) and protected.isdisjoint(
+            map(_key, picked)
         ):
             self._forget(picked1, t1, FROM_T1)
             self._forget(picked2, t2, FROM_T2)
-            return picked1 + picked2
+            return picked
         return self._evict_scanning(n, protected, from1)
 
     def _evict_scanning(self, n: int, protected: set[OffloadKey], from1: int) -> _Victims | None:
@@ -405,7 +402,7 @@ class ReuseCachePolicy(CachePolicy):
         front = list(islice(chain(self._stale, filter(resident.__contains__, shadow.order)), n))
         if len(front) == n:
             blocks = list(map(resident.__getitem__, front))
-            if not any(map(_ref_cnt, blocks)) and protected.isdisjoint(front):
+            if not BlockStatus.any_in_use(blocks) and protected.isdisjoint(front):
                 return self._forget_picked(list(zip(front, blocks)))
         picked: dict[OffloadKey, BlockStatus] = {}
 
