@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{mean:.1%} (>= 25%); worst hit ratio - LRU's: {worst_vs_lru[policy]:+.4f} "
             f"(>= -{MARGIN}); throughput vs LRU: "
             f"{min(speed[policy]):.2f}x-{max(speed[policy]):.2f}x (>= 0.5); max bytes/block: "
-            f"{memory[policy]:.0f} (<= 400)"
+            + ("not measured (--no-memory)" if args.no_memory else f"{memory[policy]:.0f} (<= 400)")
         )
     return 0
 
