@@ -150,3 +150,41 @@ def test_while_following_lru_the_stale_keys_are_exactly_those_the_shadow_dropped
         assert followed > 100
     finally:
         CachePolicyFactory.unregister_cache_policy("reuse-frequency-net")
+
+
+def generated(name: str, conversations: int) -> Requests:
+    """A seeded multi-turn trace of the shipped generator (full blocks only, as replayed)."""
+    from kv_offload import make_offload_key
+    from kv_offload.synthetic_trace import generate
+    from kv_offload.trace import MOONCAKE_BLOCK_TOKENS
+    from kv_offload.trace_presets import preset
+
+    turns = generate(preset(name), conversations=conversations, seed=2)
+    return [
+        (
+            ReqContext(f"r{i}"),
+            [make_offload_key(h) for h in t.hash_ids[: t.input_length // MOONCAKE_BLOCK_TOKENS]],
+        )
+        for i, t in enumerate(turns)
+    ]
+
+
+def test_on_generated_chat_and_agent_traces_it_stays_within_the_margin_of_lru() -> None:
+    """The bound without its transition term, on the generator's chat and agent sessions at
+    caches of four or more requests: the deficit against LRU over the whole trace stays under
+    MARGIN x the blocks requested plus the longest request (measured: 15-22 blocks)."""
+    for name, conversations, capacities in (
+        ("sharegpt", 1500, (300, 1000)),
+        ("agent", 80, (1000,)),
+    ):
+        requests = generated(name, conversations)
+        blocks = sum(len(keys) for _, keys in requests)
+        longest = max(len(keys) for _, keys in requests)
+        for capacity in capacities:
+            assert capacity >= 4 * longest
+            lru, _ = run("lru", capacity, requests)
+            hits, manager = run("reuse", capacity, requests)
+            policy = manager.policy
+            assert isinstance(policy, ReuseCachePolicy)
+            assert policy.deficit == lru - hits
+            assert lru - hits <= MARGIN * blocks + longest, (name, capacity, lru, hits)
