@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from test_cli import TRACE, kvo
 
 POLICIES = ["lru", "prefix-lru", "arc", "vllm-arc", "reuse", "sae"]
 SEEDS = ["0", "1", "2", "12345"]
 
 
+@pytest.mark.timeout(400)  # four replays of six policies: 46 s quiet, 101 s at load 15
 def test_every_policy_decides_the_same_under_every_hash_seed() -> None:
     command: list[str] = ["compare", str(TRACE), "--limit", "2000", "--capacity", "1500", "--json"]
     for policy in POLICIES:
