@@ -21,7 +21,7 @@ eviction answer is checked against in the pass that frees the victims
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import is_
+from operator import is_, itemgetter, setitem
 from typing import Any, TypeVar
 
 from ..block_status import PENDING_REF_CNT, BlockStatus, bind_block_status
@@ -135,11 +135,15 @@ class SlotTable:
         """If every block is pending and listed once, make them idle (``success``) or free;
         else ``False`` and no change."""
         refs = self.refs
-        for block in blocks:
-            if block is None or refs[block] != PENDING_REF_CNT:
-                return False
         count = len(blocks)
-        if len(set(blocks)) != count:
+        try:  # every store completes here: one itemgetter reads the counts (None: TypeError)
+            if count > 1:
+                counts = itemgetter(*blocks)(refs)
+                if counts.count(PENDING_REF_CNT) != count or len(set(blocks)) != count:
+                    return False
+            elif count and refs[blocks[0]] != PENDING_REF_CNT:
+                return False
+        except (IndexError, TypeError):
             return False
         self.num_pending -= count
         if success:
@@ -157,24 +161,30 @@ class SlotTable:
     def free_victims(self, keys: Any, blocks: Any) -> bool:
         """Free the slots of evicted ``keys`` (``blocks[i]`` is ``keys[i]``'s), if each is a
         resident, idle slot allocated to that key and none is named twice; else ``False`` and
-        no change. In C-level passes (the check runs on every eviction of a full cache): the
-        slots' owners against the keys named (a slot that holds no block has none), their
-        ref counts, and distinct slots."""
-        owners = self.owners
+        no change. The check runs on every eviction of a full cache, so it reads the ref
+        counts and owners of all the slots with one ``itemgetter`` (a C call per slot, and
+        no Python call: half the cost of two ``map`` passes) and finds repeats with a set.
+        A freed slot is marked pending at once: a slot on the free list is never idle, so a
+        later answer naming it again (its owner still recorded) is refused as not idle."""
+        refs = self.refs
         count = len(blocks)
         try:
-            named = list(map(owners.__getitem__, blocks))
-            kept = (
-                (named == keys if type(keys) is list else named == list(keys))
-                and not any(map(self.refs.__getitem__, blocks))
-                and (count == 1 or len(set(blocks)) == count)
-            )
+            if count == 1:
+                block = blocks[0]
+                kept = not refs[block] and self.owners[block] == keys[0]
+            else:
+                read = itemgetter(*blocks)
+                kept = (
+                    not any(read(refs))
+                    and read(self.owners) == tuple(keys)
+                    and len(set(blocks)) == count
+                )
         except (IndexError, TypeError):
             kept = False
         if not kept:
             return False
-        # Their owners stay recorded: prepare_store allocates every free slot right after an
-        # eviction (it evicts only the shortfall), which records the slots' new keys.
+        for block in blocks:  # pending from here on: allocate hands them out as they are
+            refs[block] = PENDING_REF_CNT
         self.free.extend(blocks)
         self.num_free += count
         self.num_evictable -= count
@@ -184,9 +194,12 @@ class SlotTable:
 
     def allocate(self, keys: list[Any]) -> list[BlockStatus]:
         """A slot per key, marked pending and recorded as the key's in :attr:`owners`:
-        never-used slots first, then freed ones, last freed first."""
+        never-used slots first, then freed ones, last freed first. A freed slot is pending
+        already (:meth:`free_victims`, or a failed store), so only its owner is written:
+        one C-level ``operator.setitem`` per slot (a bound ``__setitem__`` wrapper costs half
+        as much again per call)."""
         free = self.free
-        refs = self.refs
+        owners = self.owners
         count = len(keys)
         fresh = self.num_blocks - self.num_allocated
         if fresh > count:
@@ -197,28 +210,27 @@ class SlotTable:
             reused = free[cut:]
             del free[cut:]
             reused.reverse()  # the free list is a stack: the last freed slot comes out first
-            for block in reused:
-                refs[block] = PENDING_REF_CNT
         self.num_pending += count
         self.num_free -= count
         if not fresh:  # the steady state of a full cache
-            any(map(self.owners.__setitem__, reused, keys))  # setitem returns None: all run
+            any(map(setitem, repeat(owners), reused, keys))  # setitem returns None: all run
             return reused
         start = self.num_allocated
         self.num_allocated += fresh
-        refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
+        self.refs[start : start + fresh] = [PENDING_REF_CNT] * fresh
         status = self._status_cls
-        self.owners[start : start + fresh] = keys[:fresh] if reused else keys
+        owners[start : start + fresh] = keys[:fresh] if reused else keys
         if reused:
-            any(map(self.owners.__setitem__, reused, keys[fresh:]))
+            any(map(setitem, repeat(owners), reused, keys[fresh:]))
         return [status(slot) for slot in range(start, start + fresh)] + reused
 
     def pending_slot_of(self, key: Any) -> int | None:
         """The pending slot allocated to ``key``, if any: a pass over the table, for the
         diagnosis of a policy that lost a key it was given, never on the fast path."""
-        refs = self.refs
+        refs, free = self.refs, set(self.free)  # a free slot is pending too, but no key's
         for slot, owner in enumerate(self.owners):
-            if owner is not None and owner == key and refs[slot] == PENDING_REF_CNT:
+            pending = owner is not None and refs[slot] == PENDING_REF_CNT
+            if pending and owner == key and slot not in free:
                 return slot
         return None
 
