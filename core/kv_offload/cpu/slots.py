@@ -102,9 +102,14 @@ class SlotTable:
     def pin(self, blocks: Blocks) -> list[BlockStatus] | None:
         """One more reader per block, if every block is readable (else ``None``)."""
         refs = self.refs
-        for block in blocks:
-            if block is None or refs[block] < 0:
+        try:  # one itemgetter reads the counts (a None block: TypeError)
+            if len(blocks) > 1:
+                if min(itemgetter(*blocks)(refs)) < 0:
+                    return None
+            elif blocks and refs[blocks[0]] < 0:
                 return None
+        except (IndexError, TypeError):
+            return None
         newly_pinned = 0
         for block in blocks:
             count = refs[block]
@@ -118,9 +123,14 @@ class SlotTable:
     def unpin(self, blocks: Blocks) -> list[BlockStatus] | None:
         """One reader less per block, if every block is pinned (else ``None``)."""
         refs = self.refs
-        for block in blocks:
-            if block is None or refs[block] <= 0:
+        try:  # one itemgetter reads the counts (a None block: TypeError)
+            if len(blocks) > 1:
+                if min(itemgetter(*blocks)(refs)) <= 0:
+                    return None
+            elif blocks and refs[blocks[0]] <= 0:
                 return None
+        except (IndexError, TypeError):
+            return None
         released = 0
         for block in blocks:
             count = refs[block] - 1
