@@ -1,21 +1,25 @@
 """The CPU cache's slot table: reference counts, the free list and allocation.
 
 Fast-path module. Every manager call runs through these loops, once per key, so they are
-written for CPython's speed (plain ``for`` loops over short batches, which beat C-level
-``map`` setups for the handful of blocks a load pins; whole-slice writes for fresh slots;
-``BlockStatus`` objects that *are* their slot id, see :mod:`kv_offload.block_status`).
-Guarded by: the reference model of ``tests/cpu/test_manager_stateful.py`` (a plain dict
-model of pending, ready and pinned keys that every random flow is checked against) for
-correctness, and ``benchmarks/replay.py`` (throughput) and ``benchmarks/memory.py`` (bytes
-per resident block) for speed and size.
+written for CPython's speed: a batch's ref counts (and owners) are read with one
+``operator.itemgetter`` (a C call per slot and no Python call: counts and owners together
+cost 478 instructions a slot where two ``map`` passes of ``list.__getitem__`` cost 701, and
+a bytecode loop more; callgrind, CPython 3.11), writes are plain
+``for`` loops or whole-slice writes for fresh slots, and ``BlockStatus`` objects *are* their
+slot id (see :mod:`kv_offload.block_status`). Guarded by: the reference model of
+``tests/cpu/test_manager_stateful.py`` (a plain dict model of pending, ready and pinned keys
+that every random flow is checked against) for correctness, and
+``benchmarks/replay_instructions.py`` (callgrind), ``benchmarks/replay.py`` (throughput) and
+``benchmarks/memory.py`` (bytes per resident block) for speed and size.
 
-A slot's ref count: ``-1`` pending (a store is in flight), ``0`` idle (readable, evictable),
-``n > 0`` pinned by ``n`` readers. Which key a block is found under is the policy's business;
-the table also records which key each resident slot was allocated to (:attr:`SlotTable.owners`,
-a list written by C-level bulk calls; a dict measured 5% of a replay's instructions, rebuilt
-every few hundred stores by its deletes), the manager's own record that a policy's
-eviction answer is checked against in the pass that frees the victims
-(:meth:`SlotTable.free_victims`). Which calls are legal is the manager's business.
+A slot's ref count: ``-1`` pending (a store is in flight, or the slot is free: a free slot is
+never idle), ``0`` idle (readable, evictable), ``n > 0`` pinned by ``n`` readers. Which key a
+block is found under is the policy's business; the table also records which key each slot
+was allocated to (:attr:`SlotTable.owners`, a list written per allocation with
+``operator.setitem``; a dict measured 5% of a replay's instructions, rebuilt every few
+hundred stores by its deletes), the manager's own record that a policy's eviction answer is
+checked against in the pass that frees the victims (:meth:`SlotTable.free_victims`). Which
+calls are legal is the manager's business.
 """
 
 from __future__ import annotations
@@ -173,7 +177,7 @@ class SlotTable:
         resident, idle slot allocated to that key and none is named twice; else ``False`` and
         no change. The check runs on every eviction of a full cache, so it reads the ref
         counts and owners of all the slots with one ``itemgetter`` (a C call per slot, and
-        no Python call: half the cost of two ``map`` passes) and finds repeats with a set.
+        no Python call: two thirds of the cost of two ``map`` passes) and finds repeats with a set.
         A freed slot is marked pending at once: a slot on the free list is never idle, so a
         later answer naming it again (its owner still recorded) is refused as not idle."""
         refs = self.refs
