@@ -10,6 +10,13 @@ taken raises :class:`~kv_offload.ConcurrentUseError` at once, before any state c
   or wrap it with :func:`synchronized`, which takes a real lock around every call;
 * from the **same thread** (re-entry): a hook plugin, called during a manager call, called a
   request-flow method of that manager back. The outer call is half done, so this is refused.
+  The hook dispatch records which hook runs on the thread (:data:`CALLOUT`), so the error
+  names it; nothing walks the stack.
+
+A manager built over another (the tiered manager over its CPU manager) takes the inner
+manager's guard for good when it is handed the inner one (:func:`take_for_good`), and takes
+only its own guard on each call: the guard is taken once, in the object the engine holds, and
+the inner manager refuses every other caller, naming its owner.
 
 Snapshot reads (``get_stats()``, ``cpu_stats()``, ``tier_stats()``, ``ref_count()``,
 ``block_id()``, ``num_free_blocks``, ``num_resident_blocks``, ``has_pending_work()``) take no
@@ -34,9 +41,8 @@ from __future__ import annotations
 import functools
 import inspect
 import linecache
-import sys
+import threading
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from .errors import ConcurrentUseError
@@ -83,19 +89,30 @@ def take_for_good(manager: Guarded, method: str) -> None:
         raise concurrent_use_error(manager, method) from None
 
 
+class _Callout(threading.local):
+    """The hook plugin call running on this thread, if any: set by the hook dispatch
+    (:mod:`kv_offload.plugins.dispatch`) around each call of a hook plugin, so a refused entry
+    can tell a hook calling a manager back (same thread) from a second thread, without
+    looking at the stack. Hooks are the managers' only call-outs that may call back; tiers
+    never call the manager."""
+
+    hook: str | None = None
+
+
+#: This thread's running hook call (see :class:`_Callout`).
+CALLOUT = _Callout()
+
+
 def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
-    """The error for entering ``manager.method`` while its guard is taken (the slow path:
-    it looks at the calling thread's stack to tell re-entry from a second thread)."""
+    """The error for entering ``manager.method`` while its guard is taken: by the manager it
+    was handed over to (``owner``), by a call that fired the hook now running on this thread
+    (re-entry), or by another thread."""
     cls = type(manager).__name__
     owner = getattr(manager, "owner", None)
-    running = _outer_call(manager if owner is None else owner)
+    hook = CALLOUT.hook
     if owner is not None:
         owner_cls = type(owner).__name__
-        where = (
-            f" (it was called back from inside {running}(), a hook plugin?)"
-            if running is not None
-            else ""
-        )
+        where = f" (from hook {hook})" if hook is not None else ""
         return ConcurrentUseError(
             f"{cls}.{method}() was called on a {cls} handed over to a {owner_cls}{where}: "
             f"the {owner_cls} is its only caller; call the {owner_cls} instead (from a hook: "
@@ -103,15 +120,15 @@ def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
             f"{SNAPSHOT_READS} can be called on the {cls}",
             method=method,
             manager=cls,
-            reentrant=running is not None,
+            reentrant=hook is not None,
             owner=owner_cls,
         )
-    if running is not None:
+    if hook is not None:
         return ConcurrentUseError(
-            f"{cls}.{method}() was called while {running}() is running on the same "
-            f"thread (a hook plugin calling the manager back?); a manager's request-flow "
-            f"methods cannot be re-entered from its hooks, only {SNAPSHOT_READS} can: "
-            f"record what the hook needs and act after the manager call returns",
+            f"{cls}.{method}() was called from hook {hook} while the manager call that fired "
+            f"it is running on the same thread; a manager's request-flow methods cannot be "
+            f"re-entered from its hooks, only {SNAPSHOT_READS} can: record what the hook "
+            f"needs and act after the manager call returns",
             method=method,
             manager=cls,
             reentrant=True,
@@ -124,21 +141,6 @@ def concurrent_use_error(manager: object, method: str) -> ConcurrentUseError:
         manager=cls,
         reentrant=False,
     )
-
-
-def _outer_call(manager: object) -> str | None:
-    """The outermost call of ``manager`` running further up this thread's stack (the call
-    that took the guard), as ``Class.method``, if any."""
-    try:
-        frame: FrameType | None = sys._getframe(3)  # skip this, the error and the refused call
-    except ValueError:  # the refused call was the bottom of the stack
-        return None
-    outer = None
-    while frame is not None:
-        if frame.f_locals.get("self") is manager:
-            outer = f"{type(manager).__name__}.{frame.f_code.co_name}"
-        frame = frame.f_back
-    return outer
 
 
 #: The wrapper entry_guarded() compiles per method, with the method's own parameters. As for the

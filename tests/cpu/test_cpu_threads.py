@@ -252,8 +252,10 @@ def test_hook_calling_the_flow_back_is_refused(
     cause = info.value.__cause__
     assert isinstance(cause, ConcurrentUseError)
     assert cause.reentrant and cause.method == method
-    assert f"CPUOffloadingManager.{method}() was called while" in str(cause)
-    assert "CPUOffloadingManager.complete_store() is running on the same thread" in str(cause)
+    assert f"CPUOffloadingManager.{method}() was called from hook kv_offload_blocks_stored" in (
+        str(cause)
+    )
+    assert "while the manager call that fired it is running on the same thread" in str(cause)
     # The outer call's effect stands (event-hook rule), the refused one had none.
     stats = manager.get_stats()
     assert (stats.stored_blocks, stats.lookups, stats.resident_blocks) == (2, 0, 2)

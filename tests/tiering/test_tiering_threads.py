@@ -204,7 +204,8 @@ def test_tier_event_hook_calling_the_flow_back_is_refused(
     cause = info.value.__cause__
     assert isinstance(cause, ConcurrentUseError) and cause.reentrant
     assert cause.method == method and cause.manager == "TieringOffloadingManager"
-    assert "TieringOffloadingManager.on_schedule_end() is running on the same thread" in str(cause)
+    assert f"{method}() was called from hook kv_offload_tier_job_finished" in str(cause)
+    assert "is running on the same thread" in str(cause)
     stats = manager.get_stats()
     assert stats.tiers[0].cascaded_blocks == 1 and stats.jobs_in_flight == 0
     assert stats.cpu.lookups == 0 and manager.primary.ref_count(key(9)) is None
@@ -233,7 +234,9 @@ def test_tier_event_hook_calling_the_cpu_tier_back_is_refused(
     assert isinstance(cause, ConcurrentUseError) and cause.reentrant
     assert cause.method == method and cause.manager == "CPUOffloadingManager"
     assert cause.owner == "TieringOffloadingManager"
-    assert "handed over to a TieringOffloadingManager" in str(cause)
+    assert "handed over to a TieringOffloadingManager (from hook kv_offload_tier_job_finished" in (
+        str(cause)
+    )
     stats = manager.get_stats()
     assert stats.tiers[0].cascaded_blocks == 1 and stats.jobs_in_flight == 0
     assert stats.cpu.lookups == 0 and manager.primary.ref_count(key(9)) is None

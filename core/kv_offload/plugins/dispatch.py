@@ -29,6 +29,7 @@ from typing import Any
 
 import pluggy
 
+from ..concurrency import CALLOUT
 from ..errors import HookError, PluginError
 from ..keys import is_offload_key
 from .loading import HOOK_NAMES, KVOffloadPluginManager
@@ -95,11 +96,16 @@ def _direct(caller: pluggy.HookCaller, impls: list[pluggy.HookImpl]) -> Dispatch
         # The common case, one plugin taking every argument: no loop, no adapter frame.
         function, plugin = impls[0].function, impls[0].plugin_name
 
+        running = f"{name} (plugin {plugin!r})"
+
         def dispatch_one(**kwargs: Any) -> Any:
+            outer, CALLOUT.hook = CALLOUT.hook, running
             try:
                 return function(**kwargs)
             except Exception as exc:
                 raise _error(name, plugin, exc) from exc
+            finally:
+                CALLOUT.hook = outer
 
         if check is None:
             return dispatch_one
@@ -112,14 +118,20 @@ def _direct(caller: pluggy.HookCaller, impls: list[pluggy.HookImpl]) -> Dispatch
 
         return decide_one
     # pluggy calls the last registered first.
-    calls = [(_bound(impl, spec_args), impl.plugin_name) for impl in reversed(impls)]
+    calls = [
+        (_bound(impl, spec_args), impl.plugin_name, f"{name} (plugin {impl.plugin_name!r})")
+        for impl in reversed(impls)
+    ]
 
     def dispatch(**kwargs: Any) -> Any:
-        for call, plugin in calls:
+        for call, plugin, running in calls:
+            outer, CALLOUT.hook = CALLOUT.hook, running
             try:
                 result = call(kwargs)
             except Exception as exc:
                 raise _error(name, plugin, exc) from exc
+            finally:
+                CALLOUT.hook = outer
             if firstresult and result is not None:
                 if check is not None:
                     check(name, plugin, result)
@@ -141,13 +153,18 @@ def _through_pluggy(caller: pluggy.HookCaller, impls: list[pluggy.HookImpl]) -> 
 
     check = _ANSWER_CHECKS.get(name)
 
+    running = f"{name} (plugin {culprit!r})" if len(plugins) == 1 else f"{name} ({culprit})"
+
     def dispatch(**kwargs: Any) -> Any:
+        outer, CALLOUT.hook = CALLOUT.hook, running
         try:
             answer = caller(**kwargs)
         except HookError:
             raise
         except Exception as exc:
             raise _error(name, culprit, exc) from exc
+        finally:
+            CALLOUT.hook = outer
         if check is not None and answer is not None:
             check(name, culprit, answer)
         return answer
