@@ -26,8 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as connection_wait
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from ..errors import KVOffloadError
 from ..replay_clock import check_clock
@@ -53,7 +55,8 @@ class FleetError(KVOffloadError):
 @dataclass
 class _Fleet:
     engines: list[EngineState]
-    outbox: Any
+    #: each engine's end of its message pipe (closed here at the engine's EOF)
+    readers: list[Connection]
     progress: Callable[[int], None] | None = None
 
     def pump(self, timeout: float) -> None:
@@ -61,27 +64,39 @@ class _Fleet:
         that died without a word."""
         deadline = time.monotonic() + max(timeout, 0.0)
         while True:
-            try:
-                message = self.outbox.get(timeout=max(deadline - time.monotonic(), 0.0))
-            except queue.Empty:
+            if not self._receive(max(deadline - time.monotonic(), 0.0)):
                 break
-            self._take(*message)
             if time.monotonic() >= deadline:
                 break
         for engine in self.engines:
             if engine.live and engine.process.exitcode is not None:
                 # It may have sent its last words just before exiting: read them first.
-                self._drain_now()
+                while self._receive(0.0):
+                    pass
                 if engine.live:
                     engine.stopped = engine.exit_reason()
 
-    def _drain_now(self) -> None:
-        while True:
+    def _receive(self, timeout: float) -> bool:
+        """Take the messages ready within ``timeout`` seconds; whether there was any."""
+        open_readers = [r for r in self.readers if not r.closed]
+        if not open_readers:
+            if timeout > 0:
+                time.sleep(timeout)
+            return False
+        ready = connection_wait(open_readers, timeout)
+        for ready_reader in ready:
+            reader = cast(Connection, ready_reader)
             try:
-                message = self.outbox.get_nowait()
-            except queue.Empty:
-                return
+                message = reader.recv()
+            except (EOFError, OSError):  # the engine ended (a torn last message included)
+                reader.close()
+                continue
             self._take(*message)
+        return bool(ready)
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
 
     def _take(self, kind: str, index: int, payload: Any) -> None:
         """One message of engine ``index`` (see :mod:`kv_offload.fleet.engine`)."""
@@ -114,23 +129,32 @@ def run_fleet(
     docstring). Raises :class:`FleetError` if an engine cannot start or all of them die."""
     check_clock(settings.speed, settings.step_s)
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-    outbox = context.Queue()
     engines = []
+    # One pipe per engine, not one queue for all: a queue's writers share a lock, and an
+    # engine killed while its feeder thread held it left every other engine's messages
+    # stuck (a live engine "did not finish"). A pipe's only writer is its engine; once this
+    # process has closed its copy of the writing end, an engine's death is EOF here.
+    writers = []
+    readers = []
     for index, stack in enumerate(plan.stacks):
         inbox = context.Queue()
+        reader, writer = context.Pipe(duplex=False)
         process = context.Process(
             target=engine_main,
-            args=(index, stack, settings, inbox, outbox, os.getpid()),
+            args=(index, stack, settings, inbox, writer, os.getpid()),
             name=f"kv-offload-engine-{index}",
             daemon=True,
         )
         engines.append(EngineState(index, process, inbox))
-    fleet = _Fleet(engines, outbox, progress=progress)
+        readers.append(reader)
+        writers.append(writer)
+    fleet = _Fleet(engines, readers, progress=progress)
     bounded = BoundedRouter(router)
     try:
         with _terminate_stops_the_fleet():
-            for engine in engines:
+            for engine, writer in zip(engines, writers):
                 engine.process.start()
+                writer.close()
             _wait_ready(fleet)
             started = time.monotonic()
             _dispatch(fleet, requests, bounded, settings.speed, started)
@@ -138,6 +162,8 @@ def run_fleet(
             seconds = time.monotonic() - started
     finally:
         bounded.close()
+        for writer in writers:  # an engine that never started
+            writer.close()
         _stop(fleet)
     return fleet_report(fleet.engines, plan, requests, settings, seconds)
 
@@ -244,6 +270,7 @@ def _stop(fleet: _Fleet) -> None:
             process.join(timeout=5.0)
         process.join(timeout=0)  # reap it
         _close_inbox(engine)
+    fleet.close()
 
 
 def _close_inbox(engine: EngineState) -> None:

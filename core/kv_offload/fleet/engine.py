@@ -1,5 +1,6 @@
 """One engine of a fleet replay: a process of its own with its own stack, fed by the
-dispatcher through a queue (:mod:`kv_offload.fleet.dispatch`).
+dispatcher through a queue and answering through a pipe of its own
+(:mod:`kv_offload.fleet.dispatch`).
 
 The engine builds its manager from the stack it was given (its private tiers already moved to
 their own directories), says it is ready, then runs :func:`kv_offload.replay_clock.run_engine`
@@ -146,12 +147,13 @@ def engine_main(
     outbox: Any,
     dispatcher_pid: int,
 ) -> None:
-    """The engine process's body (a ``multiprocessing`` target)."""
+    """The engine process's body (a ``multiprocessing`` target). ``outbox`` is the writing
+    end of this engine's own pipe to the dispatcher (``send`` of one message tuple)."""
     exit_with_dispatcher(index, dispatcher_pid)
     try:
         manager = build_manager(stack)
     except BaseException as exc:  # the dispatcher says which engine could not start and why
-        outbox.put((ERROR, index, _why(exc)))
+        outbox.send((ERROR, index, _why(exc)))
         return
     try:
         probe = ReplayProbe()
@@ -166,19 +168,20 @@ def engine_main(
             None,
         )
         engine.result.speed = settings.speed
-        outbox.put((READY, index, None))
+        outbox.send((READY, index, None))
 
         def report(finished: int) -> None:
             if finished:
-                outbox.put((FINISHED, index, finished))
+                outbox.send((FINISHED, index, finished))
 
         result = run_engine(engine, QueueArrivals(inbox), step_s=settings.step_s, on_step=report)
         incomplete = drain_for_report(manager)
         summary = _summary(result, manager, probe, incomplete)
         manager.shutdown()
-        outbox.put((RESULT, index, summary))
+        outbox.send((RESULT, index, summary))
     except BaseException as exc:
-        outbox.put((ERROR, index, _why(exc)))
+        with contextlib.suppress(OSError):  # a dispatcher gone: nobody to tell
+            outbox.send((ERROR, index, _why(exc)))
         with contextlib.suppress(Exception):  # the first error is the one reported
             manager.shutdown()
 
