@@ -13,6 +13,7 @@ from ..async_lookup import AsyncLookup, AsyncLookupStats
 from ..tier_types import Locality, Medium, TierMatcher
 from ..types import TieringStats, TierStats
 from .base import JobDirection, JobMetadata, JobResult, OffloadingConfig, SecondaryTierManager
+from .breaker import CircuitBreaker
 from .factory import TIER_ENTRY_POINT_GROUP, SecondaryTierFactory
 from .manager import TieringOffloadingManager
 from .record import TierEntry
@@ -23,6 +24,7 @@ __all__ = [
     "Locality",
     "Medium",
     "TierMatcher",
+    "CircuitBreaker",
     "JobDirection",
     "JobMetadata",
     "JobResult",

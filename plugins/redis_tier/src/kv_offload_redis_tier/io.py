@@ -33,7 +33,7 @@ import numpy.typing as npt
 from kv_offload import OffloadKey
 from kv_offload.block_auth import AuthFailureLog, BlockAuth
 from kv_offload.errors import ConfigError
-from kv_offload.tiering import JobResult
+from kv_offload.tiering import CircuitBreaker, JobResult
 from redis import Redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
@@ -128,64 +128,6 @@ class Counters:
             out: dict[str, Any] = asdict(self.stats)
             out["auth_failure_kinds"] = dict(self._auth_kinds)
         return out
-
-
-class CircuitBreaker:
-    """A circuit breaker per server: while a server is unreachable, jobs fail at once.
-
-    Without it, every job sent to a dead server would wait for its own socket timeout, and the
-    engine's cascades would pile up pinned CPU blocks. After the first connection failure the
-    breaker opens for ``first_delay`` seconds; each failed retry doubles the delay up to
-    ``max_delay``. Once the delay has passed, one caller is let through to try (half-open); its
-    success closes the breaker.
-    """
-
-    def __init__(
-        self, first_delay: float, max_delay: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.first_delay = first_delay
-        self.max_delay = max_delay
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._delay = 0.0  # 0: closed
-        self._retry_at = 0.0
-        self.trips = 0
-
-    @property
-    def is_open(self) -> bool:
-        return self._delay > 0.0
-
-    def blocked(self) -> bool:
-        """Open and not yet due for a retry (does not take the half-open trial)."""
-        return self._delay > 0.0 and self._clock() < self._retry_at
-
-    def allow(self) -> bool:
-        """Whether a caller may talk to the server now (closed, or a half-open trial)."""
-        with self._lock:
-            if self._delay == 0.0:
-                return True
-            now = self._clock()
-            if now < self._retry_at:
-                return False
-            self._retry_at = now + self._delay  # one trial per delay
-            return True
-
-    def success(self) -> bool:
-        """Close the breaker; ``True`` if it was open (the server is back)."""
-        with self._lock:
-            was_open = self._delay > 0.0
-            self._delay = 0.0
-            return was_open
-
-    def failure(self) -> bool:
-        """Open the breaker or lengthen its delay; ``True`` if it just opened."""
-        with self._lock:
-            opened = self._delay == 0.0
-            self._delay = self.first_delay if opened else min(self._delay * 2.0, self.max_delay)
-            self._retry_at = self._clock() + self._delay
-            if opened:
-                self.trips += 1
-            return opened
 
 
 class Unreachable(Exception):

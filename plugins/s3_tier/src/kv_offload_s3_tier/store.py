@@ -37,10 +37,10 @@ import boto3
 import obstore
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+from kv_offload.tiering import CircuitBreaker
 from obstore.exceptions import BaseError, NotFoundError, PermissionDeniedError, UnauthenticatedError
 from obstore.store import S3Store as ObjectStore
 
-from .breaker import CircuitBreaker
 from .settings import S3TierSettings
 
 if TYPE_CHECKING:

@@ -1,11 +1,6 @@
-"""A circuit breaker for the endpoint: while the store is unreachable, jobs fail at once.
-
-Without it every job sent to a dead or hung endpoint would wait out its own timeouts and
-retries, and the engine's cascades would pile up pinned CPU blocks. The first failure (after
-the client's bounded retries) opens it for ``first_delay`` seconds; each failed trial doubles
-the delay up to ``max_delay``. When the delay has passed one caller may try (half-open); its
-success closes it.
-"""
+"""The circuit breaker the shared tiers (Redis, S3) put in front of each server they talk
+to, so that a dead or hung server costs a job nothing but a failure (public: tier authors
+import it from :mod:`kv_offload.tiering`)."""
 
 from __future__ import annotations
 
@@ -17,6 +12,16 @@ __all__ = ["CircuitBreaker"]
 
 
 class CircuitBreaker:
+    """A circuit breaker for one server or endpoint of a shared tier: while it is
+    unreachable, jobs fail at once.
+
+    Without it, every job sent to a dead server would wait for its own timeouts and retries,
+    and the engine's cascades would pile up pinned CPU blocks. After the first connection
+    failure the breaker opens for ``first_delay`` seconds; each failed retry doubles the delay
+    up to ``max_delay``. Once the delay has passed, one caller is let through to try
+    (half-open); its success closes the breaker.
+    """
+
     def __init__(
         self, first_delay: float, max_delay: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
@@ -33,29 +38,29 @@ class CircuitBreaker:
         return self._delay > 0.0
 
     def blocked(self) -> bool:
-        """Open and not due for a trial yet (takes no trial)."""
+        """Open and not yet due for a retry (does not take the half-open trial)."""
         return self._delay > 0.0 and self._clock() < self._retry_at
 
     def allow(self) -> bool:
-        """Whether a caller may talk to the store now (closed, or the half-open trial)."""
+        """Whether a caller may talk to the server now (closed, or a half-open trial)."""
         with self._lock:
             if self._delay == 0.0:
                 return True
             now = self._clock()
             if now < self._retry_at:
                 return False
-            self._retry_at = now + self._delay
+            self._retry_at = now + self._delay  # one trial per delay
             return True
 
     def success(self) -> bool:
-        """Close it; ``True`` if it was open."""
+        """Close the breaker; ``True`` if it was open (the server is back)."""
         with self._lock:
             was_open = self._delay > 0.0
             self._delay = 0.0
             return was_open
 
     def failure(self) -> bool:
-        """Open it or lengthen its delay; ``True`` if it just opened."""
+        """Open the breaker or lengthen its delay; ``True`` if it just opened."""
         with self._lock:
             opened = self._delay == 0.0
             self._delay = self.first_delay if opened else min(self._delay * 2.0, self.max_delay)
